@@ -1,0 +1,29 @@
+//! keel-core: the sans-IO heart of keel.
+//!
+//! Everything here is a plain, deterministic function of its inputs: the
+//! metadata and partition state machines, group session bookkeeping, the
+//! assignors, key routing and replica placement. Nothing here reads a clock,
+//! draws a random number, touches a file or socket, or starts a thread: time
+//! ([`id::TimestampMs`]) and any random choice are arguments. The server runs
+//! these state machines under openraft; the simulation and the fuzzers run
+//! them directly.
+//!
+//! The state machines are total (G7): `apply` takes any command, valid or
+//! not, and either applies it or records a typed rejection that changed
+//! nothing. Each has `check_invariants()`, which tests, the simulation and
+//! the fuzzers call after every step.
+
+pub mod assignor;
+pub mod coordinator;
+pub mod id;
+pub mod invariant;
+pub mod limits;
+pub mod metadata;
+pub mod partition;
+pub mod placement;
+pub mod record;
+pub mod routing;
+
+pub use id::{BrokerId, Generation, GroupName, MemberId, NameError, Offset, PartitionIndex, ProducerId, Sequence, TimestampMs, TopicName, TopicPartition};
+pub use invariant::InvariantViolation;
+pub use limits::Limits;

@@ -1,0 +1,124 @@
+//! Metadata commands, their outcomes and their rejections.
+//!
+//! Commands carry names as plain strings, exactly as a client sent them:
+//! apply validates them again, so an entry that slipped past the edge (or was
+//! written by another version) is rejected rather than applied or panicked on.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::state::RetentionPolicy;
+use crate::assignor::AssignorKind;
+use crate::id::{BrokerId, Generation, MemberId, NameError, PartitionIndex, ProducerId, TopicName, TopicPartition};
+use crate::placement::{PartitionPlacement, PlacementError};
+
+/// A change to the cluster's metadata. The leader stamps each with its own
+/// time when it proposes it; apply receives that time as an argument.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetadataCommand {
+    /// Add a broker, or update a known broker's address.
+    RegisterBroker { broker: BrokerId, address: String },
+    /// Remove a broker that holds no replicas.
+    RemoveBroker { broker: BrokerId },
+    /// Create a topic and place all of its partitions, or none.
+    CreateTopic { topic: String, partitions: u32, replication_factor: u32, retention: RetentionPolicy },
+    /// Delete a topic and hand its partitions out of every group.
+    DeleteTopic { topic: String },
+    /// Move one partition's replicas to another set of brokers.
+    MoveReplicas { topic: String, partition: PartitionIndex, replicas: Vec<BrokerId> },
+    /// Add a member to a group (creating the group), or change its
+    /// subscription. Rejoining with the same subscription changes nothing.
+    JoinGroup { group: String, member: String, topics: Vec<String>, session_timeout_ms: u64, assignor: AssignorKind },
+    /// Remove a member; its partitions are handed on at once.
+    LeaveGroup { group: String, member: String },
+    /// Remove members whose sessions lapsed on the coordinator. Each member
+    /// is named with the epoch it joined with, so a member that rejoined after
+    /// the coordinator decided is left alone.
+    ExpireMembers { group: String, members: Vec<(String, u64)> },
+    /// Hand out a fresh idempotent producer id.
+    AllocateProducerId,
+}
+
+/// What an applied metadata command did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetadataOutcome {
+    BrokerRegistered { broker: BrokerId },
+    BrokerRemoved { broker: BrokerId },
+    TopicCreated { topic: TopicName, placements: Vec<PartitionPlacement> },
+    TopicDeleted { topic: TopicName, partitions: u32 },
+    ReplicasMoved { partition: TopicPartition, from: Vec<BrokerId>, to: Vec<BrokerId> },
+    /// The member is in the group; `partitions` are its assignment.
+    Joined { generation: Generation, member_epoch: u64, partitions: Vec<TopicPartition> },
+    Left { generation: Generation },
+    MembersExpired { generation: Generation, expired: Vec<MemberId> },
+    ProducerIdAllocated { producer: ProducerId },
+}
+
+/// Why a metadata command changed nothing. Each message says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum MetadataRejection {
+    #[error(transparent)]
+    InvalidName(#[from] NameError),
+    #[error("broker address {address:?} is not usable: {reason}")]
+    InvalidBrokerAddress { address: String, reason: String },
+    #[error("the cluster already has {max} brokers: raise brokers_max or remove one")]
+    TooManyBrokers { max: u32 },
+    #[error("broker {broker} is not registered: register it first, or check the id")]
+    UnknownBroker { broker: BrokerId },
+    #[error("broker {broker} still holds {replicas} replicas: move them to other brokers first")]
+    BrokerHoldsReplicas { broker: BrokerId, replicas: u64 },
+    #[error("topic {topic} already exists: pick another name or delete it first")]
+    TopicExists { topic: TopicName },
+    #[error("topic {topic} does not exist: create it first, or check the name")]
+    UnknownTopic { topic: String },
+    #[error("a topic needs 1 to {max} partitions, not {requested}")]
+    InvalidPartitionCount { requested: u32, max: u32 },
+    #[error("replication factor {requested} is above the limit of {max}")]
+    ReplicationFactorTooHigh { requested: u32, max: u32 },
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    #[error("the cluster already has {max} topics: delete one or raise topics_max")]
+    TooManyTopics { max: u32 },
+    #[error("topic {topic} has {partitions} partitions, so partition {partition} does not exist")]
+    UnknownPartition { topic: TopicName, partition: PartitionIndex, partitions: u32 },
+    #[error("replica set {replicas:?} is not usable: {reason}")]
+    InvalidReplicas { replicas: Vec<BrokerId>, reason: String },
+    #[error("group {group} does not exist: join it first, or check the name")]
+    UnknownGroup { group: String },
+    #[error("member {member} is not in group {group}: join the group again")]
+    UnknownMember { group: String, member: String },
+    #[error("a member must subscribe to at least one topic")]
+    EmptySubscription,
+    #[error("a member may subscribe to at most {max} topics, not {count}")]
+    TooManySubscriptions { count: u64, max: u32 },
+    #[error("session timeout {requested} ms is outside {min}-{max} ms")]
+    SessionTimeoutOutOfRange { requested: u64, min: u64, max: u64 },
+    #[error("the cluster already has {max} groups: raise groups_max")]
+    TooManyGroups { max: u32 },
+    #[error("group {group} already has {max} members: raise members_per_group_max")]
+    TooManyMembers { group: String, max: u32 },
+    #[error("group {group} uses the {current:?} assignor, not {requested:?}: join with the group's assignor")]
+    AssignorMismatch { group: String, current: AssignorKind, requested: AssignorKind },
+    #[error("producer ids are exhausted")]
+    ProducerIdsExhausted,
+}
+
+/// The recorded result of applying one metadata command.
+pub type MetadataResult = Result<MetadataOutcome, MetadataRejection>;
+
+/// Subscriptions as a set of validated names.
+pub(super) fn validate_subscription(topics: &[String], max: u32) -> Result<BTreeSet<TopicName>, MetadataRejection> {
+    if topics.is_empty() {
+        return Err(MetadataRejection::EmptySubscription);
+    }
+    if topics.len() as u64 > u64::from(max) {
+        return Err(MetadataRejection::TooManySubscriptions { count: topics.len() as u64, max });
+    }
+    topics.iter().map(|t| TopicName::new(t.as_str()).map_err(MetadataRejection::from)).collect()
+}
+
+/// A validated member id.
+pub(super) fn validate_member(member: &str) -> Result<MemberId, MetadataRejection> {
+    Ok(MemberId::new(member)?)
+}

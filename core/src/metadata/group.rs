@@ -1,0 +1,75 @@
+//! A consumer group as the metadata state machine holds it: members, their
+//! subscriptions, the assignment and its generation.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::assignor::{assign, AssignmentInput, Assignment, AssignorKind};
+use crate::id::{Generation, MemberId, TimestampMs, TopicName, TopicPartition};
+
+/// One member of a group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberInfo {
+    pub topics: BTreeSet<TopicName>,
+    pub session_timeout_ms: u64,
+    /// Distinguishes this membership from an earlier one of the same id, so a
+    /// late expiry of the old one cannot remove the new one.
+    pub member_epoch: u64,
+    pub joined_at: TimestampMs,
+}
+
+/// One consumer group.
+///
+/// A group is never forgotten once created, even with no members: its
+/// generation must keep rising, or a re-created group would reuse
+/// generations that partition claims have already fenced off.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupInfo {
+    pub generation: Generation,
+    pub assignor: AssignorKind,
+    pub members: BTreeMap<MemberId, MemberInfo>,
+    pub assignment: Assignment,
+    /// The epoch the next joining member gets.
+    pub next_member_epoch: u64,
+}
+
+impl GroupInfo {
+    pub fn new(assignor: AssignorKind) -> Self {
+        GroupInfo {
+            generation: Generation(0),
+            assignor,
+            members: BTreeMap::new(),
+            assignment: Assignment::default(),
+            next_member_epoch: 1,
+        }
+    }
+
+    /// Whether any member subscribes to `topic`.
+    pub fn subscribes_to(&self, topic: &TopicName) -> bool {
+        self.members.values().any(|m| m.topics.contains(topic))
+    }
+
+    /// Recompute the assignment from `partition_counts` (every existing
+    /// topic's partition count); bump the generation if it changed.
+    pub fn rebalance(&mut self, partition_counts: &BTreeMap<TopicName, u32>) {
+        let subscriptions: BTreeMap<MemberId, BTreeSet<TopicName>> =
+            self.members.iter().map(|(id, member)| (id.clone(), member.topics.clone())).collect();
+        let subscribed: BTreeSet<&TopicName> = subscriptions.values().flatten().collect();
+        let topics: BTreeMap<TopicName, u32> =
+            partition_counts.iter().filter(|(t, _)| subscribed.contains(t)).map(|(t, c)| (t.clone(), *c)).collect();
+        let next = assign(
+            self.assignor,
+            AssignmentInput { topics: &topics, members: &subscriptions, previous: &self.assignment },
+        );
+        if next != self.assignment {
+            self.assignment = next;
+            self.generation = self.generation.next();
+        }
+    }
+
+    /// The partitions a member owns.
+    pub fn partitions_of(&self, member: &MemberId) -> Vec<TopicPartition> {
+        self.assignment.partitions_of(member)
+    }
+}

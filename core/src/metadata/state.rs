@@ -1,0 +1,371 @@
+//! The metadata state and its apply function.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::command::{validate_member, validate_subscription, MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult};
+use super::group::{GroupInfo, MemberInfo};
+use crate::assignor::AssignorKind;
+use crate::id::{BrokerId, GroupName, MemberId, PartitionIndex, ProducerId, TimestampMs, TopicName, TopicPartition};
+use crate::invariant::{ensure, InvariantViolation};
+use crate::limits::Limits;
+use crate::placement::{place_partitions, PartitionPlacement, PlacementLoad};
+
+/// A registered broker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerInfo {
+    /// Where clients and peers reach it (`host:port`).
+    pub address: String,
+    pub registered_at: TimestampMs,
+}
+
+/// How long a topic keeps records. `None` keeps them forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct RetentionPolicy {
+    pub max_age_ms: Option<u64>,
+    pub max_bytes: Option<u64>,
+}
+
+/// A topic and where its partitions live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicInfo {
+    pub partitions: Vec<PartitionPlacement>,
+    pub replication_factor: u32,
+    pub retention: RetentionPolicy,
+    pub created_at: TimestampMs,
+}
+
+/// The whole cluster metadata, as replicated by the metadata Raft group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetadataState {
+    limits: Limits,
+    brokers: BTreeMap<BrokerId, BrokerInfo>,
+    topics: BTreeMap<TopicName, TopicInfo>,
+    groups: BTreeMap<GroupName, GroupInfo>,
+    next_producer_id: ProducerId,
+    applied_commands: u64,
+    rejected_commands: u64,
+}
+
+impl MetadataState {
+    /// An empty cluster with these limits. Every replica must start from the
+    /// same limits: they decide which commands are rejected.
+    pub fn new(limits: Limits) -> Self {
+        MetadataState {
+            limits,
+            brokers: BTreeMap::new(),
+            topics: BTreeMap::new(),
+            groups: BTreeMap::new(),
+            next_producer_id: ProducerId(1),
+            applied_commands: 0,
+            rejected_commands: 0,
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn brokers(&self) -> &BTreeMap<BrokerId, BrokerInfo> {
+        &self.brokers
+    }
+
+    pub fn topics(&self) -> &BTreeMap<TopicName, TopicInfo> {
+        &self.topics
+    }
+
+    pub fn topic(&self, topic: &TopicName) -> Option<&TopicInfo> {
+        self.topics.get(topic)
+    }
+
+    pub fn groups(&self) -> &BTreeMap<GroupName, GroupInfo> {
+        &self.groups
+    }
+
+    pub fn group(&self, group: &GroupName) -> Option<&GroupInfo> {
+        self.groups.get(group)
+    }
+
+    /// Commands applied and commands rejected so far.
+    pub fn command_counts(&self) -> (u64, u64) {
+        (self.applied_commands, self.rejected_commands)
+    }
+
+    /// Apply one committed command, stamped by the leader at `at`. Never
+    /// panics; a rejected command changes nothing but the rejection count.
+    pub fn apply(&mut self, at: TimestampMs, command: &MetadataCommand) -> MetadataResult {
+        let result = self.apply_inner(at, command);
+        match result {
+            Ok(_) => self.applied_commands += 1,
+            Err(_) => self.rejected_commands += 1,
+        }
+        result
+    }
+
+    fn apply_inner(&mut self, at: TimestampMs, command: &MetadataCommand) -> MetadataResult {
+        match command {
+            MetadataCommand::RegisterBroker { broker, address } => self.register_broker(at, *broker, address),
+            MetadataCommand::RemoveBroker { broker } => self.remove_broker(*broker),
+            MetadataCommand::CreateTopic { topic, partitions, replication_factor, retention } => {
+                self.create_topic(at, topic, *partitions, *replication_factor, *retention)
+            }
+            MetadataCommand::DeleteTopic { topic } => self.delete_topic(topic),
+            MetadataCommand::MoveReplicas { topic, partition, replicas } => self.move_replicas(topic, *partition, replicas),
+            MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor } => {
+                self.join_group(at, group, member, topics, *session_timeout_ms, *assignor)
+            }
+            MetadataCommand::LeaveGroup { group, member } => self.leave_group(group, member),
+            MetadataCommand::ExpireMembers { group, members } => self.expire_members(group, members),
+            MetadataCommand::AllocateProducerId => self.allocate_producer_id(),
+        }
+    }
+
+    fn register_broker(&mut self, at: TimestampMs, broker: BrokerId, address: &str) -> MetadataResult {
+        let max = self.limits.broker_address_bytes_max as usize;
+        let reason = if address.is_empty() {
+            Some("it is empty: give host:port".to_string())
+        } else if address.len() > max {
+            Some(format!("it is longer than {max} bytes"))
+        } else if address.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            Some("it contains whitespace or control characters".to_string())
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(MetadataRejection::InvalidBrokerAddress { address: address.chars().take(max).collect(), reason });
+        }
+        if !self.brokers.contains_key(&broker) && self.brokers.len() as u64 >= u64::from(self.limits.brokers_max) {
+            return Err(MetadataRejection::TooManyBrokers { max: self.limits.brokers_max });
+        }
+        let registered_at = self.brokers.get(&broker).map_or(at, |known| known.registered_at);
+        self.brokers.insert(broker, BrokerInfo { address: address.to_string(), registered_at });
+        Ok(MetadataOutcome::BrokerRegistered { broker })
+    }
+
+    fn remove_broker(&mut self, broker: BrokerId) -> MetadataResult {
+        if !self.brokers.contains_key(&broker) {
+            return Err(MetadataRejection::UnknownBroker { broker });
+        }
+        let replicas = self.replicas_on(broker);
+        if replicas > 0 {
+            return Err(MetadataRejection::BrokerHoldsReplicas { broker, replicas });
+        }
+        self.brokers.remove(&broker);
+        Ok(MetadataOutcome::BrokerRemoved { broker })
+    }
+
+    /// How many partition replicas a broker holds.
+    pub fn replicas_on(&self, broker: BrokerId) -> u64 {
+        self.topics.values().flat_map(|t| &t.partitions).filter(|p| p.replicas.contains(&broker)).count() as u64
+    }
+
+    fn create_topic(
+        &mut self,
+        at: TimestampMs,
+        topic: &str,
+        partitions: u32,
+        replication_factor: u32,
+        retention: RetentionPolicy,
+    ) -> MetadataResult {
+        let topic = TopicName::new(topic)?;
+        if self.topics.contains_key(&topic) {
+            return Err(MetadataRejection::TopicExists { topic });
+        }
+        if partitions == 0 || partitions > self.limits.partitions_per_topic_max {
+            return Err(MetadataRejection::InvalidPartitionCount { requested: partitions, max: self.limits.partitions_per_topic_max });
+        }
+        if replication_factor > self.limits.replication_factor_max {
+            return Err(MetadataRejection::ReplicationFactorTooHigh { requested: replication_factor, max: self.limits.replication_factor_max });
+        }
+        if self.topics.len() as u64 >= u64::from(self.limits.topics_max) {
+            return Err(MetadataRejection::TooManyTopics { max: self.limits.topics_max });
+        }
+        let brokers: BTreeSet<BrokerId> = self.brokers.keys().copied().collect();
+        let placements = place_partitions(&brokers, &self.placement_load(), partitions, replication_factor)?;
+        let info = TopicInfo { partitions: placements.clone(), replication_factor, retention, created_at: at };
+        self.topics.insert(topic.clone(), info);
+        self.rebalance_groups_subscribed_to(&topic);
+        Ok(MetadataOutcome::TopicCreated { topic, placements })
+    }
+
+    fn placement_load(&self) -> PlacementLoad {
+        let mut load = PlacementLoad::default();
+        for topic in self.topics.values() {
+            load.add(&topic.partitions);
+        }
+        load
+    }
+
+    fn delete_topic(&mut self, topic: &str) -> MetadataResult {
+        let name = TopicName::new(topic)?;
+        let Some(info) = self.topics.remove(&name) else {
+            return Err(MetadataRejection::UnknownTopic { topic: topic.to_string() });
+        };
+        self.rebalance_groups_subscribed_to(&name);
+        Ok(MetadataOutcome::TopicDeleted { topic: name, partitions: info.partitions.len() as u32 })
+    }
+
+    fn move_replicas(&mut self, topic: &str, partition: PartitionIndex, replicas: &[BrokerId]) -> MetadataResult {
+        let name = TopicName::new(topic)?;
+        let distinct: BTreeSet<BrokerId> = replicas.iter().copied().collect();
+        let reason = if replicas.is_empty() {
+            Some("it is empty: name at least one broker".to_string())
+        } else if distinct.len() != replicas.len() {
+            Some("it names a broker twice".to_string())
+        } else if replicas.len() as u64 > u64::from(self.limits.replication_factor_max) {
+            Some(format!("it has more than {} replicas", self.limits.replication_factor_max))
+        } else {
+            distinct.iter().find(|b| !self.brokers.contains_key(b)).map(|b| format!("broker {b} is not registered"))
+        };
+        let Some(info) = self.topics.get_mut(&name) else {
+            return Err(MetadataRejection::UnknownTopic { topic: topic.to_string() });
+        };
+        let partitions = info.partitions.len() as u32;
+        let Some(placement) = info.partitions.get_mut(partition.0 as usize) else {
+            return Err(MetadataRejection::UnknownPartition { topic: name, partition, partitions });
+        };
+        if let Some(reason) = reason {
+            return Err(MetadataRejection::InvalidReplicas { replicas: replicas.to_vec(), reason });
+        }
+        let from = std::mem::replace(&mut placement.replicas, replicas.to_vec());
+        Ok(MetadataOutcome::ReplicasMoved { partition: TopicPartition::new(name, partition), from, to: replicas.to_vec() })
+    }
+
+    fn join_group(
+        &mut self,
+        at: TimestampMs,
+        group: &str,
+        member: &str,
+        topics: &[String],
+        session_timeout_ms: u64,
+        assignor: AssignorKind,
+    ) -> MetadataResult {
+        let group_name = GroupName::new(group)?;
+        let member_id = validate_member(member)?;
+        let subscription = validate_subscription(topics, self.limits.subscriptions_per_member_max)?;
+        let (min, max) = (self.limits.session_timeout_ms_min, self.limits.session_timeout_ms_max);
+        if !(min..=max).contains(&session_timeout_ms) {
+            return Err(MetadataRejection::SessionTimeoutOutOfRange { requested: session_timeout_ms, min, max });
+        }
+        if !self.groups.contains_key(&group_name) && self.groups.len() as u64 >= u64::from(self.limits.groups_max) {
+            return Err(MetadataRejection::TooManyGroups { max: self.limits.groups_max });
+        }
+        if let Some(existing) = self.groups.get(&group_name) {
+            if existing.assignor != assignor && !existing.members.is_empty() {
+                return Err(MetadataRejection::AssignorMismatch { group: group.to_string(), current: existing.assignor, requested: assignor });
+            }
+            if !existing.members.contains_key(&member_id)
+                && existing.members.len() as u64 >= u64::from(self.limits.members_per_group_max)
+            {
+                return Err(MetadataRejection::TooManyMembers { group: group.to_string(), max: self.limits.members_per_group_max });
+            }
+        }
+        let counts = self.partition_counts();
+        let info = self.groups.entry(group_name).or_insert_with(|| GroupInfo::new(assignor));
+        info.assignor = assignor;
+        let unchanged = info
+            .members
+            .get(&member_id)
+            .is_some_and(|m| m.topics == subscription && m.session_timeout_ms == session_timeout_ms);
+        if !unchanged {
+            let member_epoch = info.next_member_epoch;
+            info.next_member_epoch += 1;
+            info.members.insert(member_id.clone(), MemberInfo { topics: subscription, session_timeout_ms, member_epoch, joined_at: at });
+            info.rebalance(&counts);
+        }
+        Ok(MetadataOutcome::Joined {
+            generation: info.generation,
+            member_epoch: info.members[&member_id].member_epoch,
+            partitions: info.partitions_of(&member_id),
+        })
+    }
+
+    fn leave_group(&mut self, group: &str, member: &str) -> MetadataResult {
+        let (group_name, member_id) = (GroupName::new(group)?, validate_member(member)?);
+        let counts = self.partition_counts();
+        let Some(info) = self.groups.get_mut(&group_name) else {
+            return Err(MetadataRejection::UnknownGroup { group: group.to_string() });
+        };
+        if info.members.remove(&member_id).is_none() {
+            return Err(MetadataRejection::UnknownMember { group: group.to_string(), member: member.to_string() });
+        }
+        info.rebalance(&counts);
+        Ok(MetadataOutcome::Left { generation: info.generation })
+    }
+
+    fn expire_members(&mut self, group: &str, members: &[(String, u64)]) -> MetadataResult {
+        let group_name = GroupName::new(group)?;
+        let counts = self.partition_counts();
+        let Some(info) = self.groups.get_mut(&group_name) else {
+            return Err(MetadataRejection::UnknownGroup { group: group.to_string() });
+        };
+        let mut expired = Vec::new();
+        for (member, epoch) in members {
+            let Ok(member_id) = MemberId::new(member.as_str()) else { continue };
+            if info.members.get(&member_id).is_some_and(|m| m.member_epoch == *epoch) {
+                info.members.remove(&member_id);
+                expired.push(member_id);
+            }
+        }
+        if !expired.is_empty() {
+            info.rebalance(&counts);
+        }
+        Ok(MetadataOutcome::MembersExpired { generation: info.generation, expired })
+    }
+
+    fn allocate_producer_id(&mut self) -> MetadataResult {
+        let producer = self.next_producer_id;
+        if producer.0 == u64::MAX {
+            return Err(MetadataRejection::ProducerIdsExhausted);
+        }
+        self.next_producer_id = ProducerId(producer.0 + 1);
+        Ok(MetadataOutcome::ProducerIdAllocated { producer })
+    }
+
+    /// Every existing topic's partition count.
+    pub fn partition_counts(&self) -> BTreeMap<TopicName, u32> {
+        self.topics.iter().map(|(name, info)| (name.clone(), info.partitions.len() as u32)).collect()
+    }
+
+    fn rebalance_groups_subscribed_to(&mut self, topic: &TopicName) {
+        let counts = self.partition_counts();
+        for info in self.groups.values_mut().filter(|g| g.subscribes_to(topic)) {
+            info.rebalance(&counts);
+        }
+    }
+
+    /// Check every invariant of the metadata state.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        ensure(self.brokers.len() as u64 <= u64::from(self.limits.brokers_max), || "more brokers than brokers_max".into())?;
+        ensure(self.topics.len() as u64 <= u64::from(self.limits.topics_max), || "more topics than topics_max".into())?;
+        ensure(self.groups.len() as u64 <= u64::from(self.limits.groups_max), || "more groups than groups_max".into())?;
+        ensure(self.next_producer_id.0 >= 1, || "producer id 0 is reserved".into())?;
+        for (name, topic) in &self.topics {
+            let count = topic.partitions.len() as u64;
+            ensure(count >= 1 && count <= u64::from(self.limits.partitions_per_topic_max), || format!("topic {name} has {count} partitions"))?;
+            for (index, placement) in topic.partitions.iter().enumerate() {
+                let distinct: BTreeSet<_> = placement.replicas.iter().collect();
+                ensure(!placement.replicas.is_empty(), || format!("{name}/{index} has no replicas"))?;
+                ensure(distinct.len() == placement.replicas.len(), || format!("{name}/{index} repeats a broker"))?;
+                for broker in &placement.replicas {
+                    ensure(self.brokers.contains_key(broker), || format!("{name}/{index} is on unknown broker {broker}"))?;
+                }
+            }
+        }
+        let counts = self.partition_counts();
+        for (name, group) in &self.groups {
+            ensure(group.members.len() as u64 <= u64::from(self.limits.members_per_group_max), || format!("group {name} is over members_per_group_max"))?;
+            for (partition, owner) in group.assignment.iter() {
+                let member = group.members.get(owner);
+                ensure(member.is_some(), || format!("group {name}: {partition} owned by non-member {owner}"))?;
+                ensure(member.is_some_and(|m| m.topics.contains(&partition.topic)), || format!("group {name}: {owner} owns unsubscribed {partition}"))?;
+                ensure(counts.get(&partition.topic).is_some_and(|c| partition.partition.0 < *c), || format!("group {name}: {partition} does not exist"))?;
+                ensure(group.members.values().all(|m| m.member_epoch < group.next_member_epoch), || format!("group {name}: member epoch not below next"))?;
+            }
+            let expected: u64 = counts.iter().filter(|(t, _)| group.subscribes_to(t)).map(|(_, c)| u64::from(*c)).sum();
+            ensure(group.assignment.len() as u64 == expected, || format!("group {name}: {} of {expected} partitions assigned", group.assignment.len()))?;
+        }
+        Ok(())
+    }
+}

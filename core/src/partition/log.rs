@@ -1,0 +1,68 @@
+//! Where a partition's records are stored.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use serde::{Deserialize, Serialize};
+
+use crate::id::Offset;
+use crate::record::StoredRecord;
+
+/// The record store behind a partition. The partition state machine decides
+/// what goes in and out; the store only keeps records by offset.
+pub trait RecordLog {
+    /// A storage failure. Fatal for the replica: stop, then recover from Raft.
+    type Error: std::error::Error + 'static;
+
+    /// Store a record at its offset, which is always one past the last.
+    fn append(&mut self, record: StoredRecord) -> Result<(), Self::Error>;
+
+    /// The record at `offset`, if stored.
+    fn get(&self, offset: Offset) -> Result<Option<StoredRecord>, Self::Error>;
+
+    /// Drop every record below `offset`.
+    fn remove_before(&mut self, offset: Offset) -> Result<(), Self::Error>;
+}
+
+/// An in-memory record log, for tests, models and small snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryLog {
+    start: Offset,
+    records: VecDeque<StoredRecord>,
+}
+
+impl MemoryLog {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every stored record, oldest first.
+    pub fn records(&self) -> impl Iterator<Item = &StoredRecord> {
+        self.records.iter()
+    }
+}
+
+impl RecordLog for MemoryLog {
+    type Error = Infallible;
+
+    fn append(&mut self, record: StoredRecord) -> Result<(), Infallible> {
+        if self.records.is_empty() {
+            self.start = record.offset;
+        }
+        self.records.push_back(record);
+        Ok(())
+    }
+
+    fn get(&self, offset: Offset) -> Result<Option<StoredRecord>, Infallible> {
+        let Some(position) = offset.0.checked_sub(self.start.0) else { return Ok(None) };
+        Ok(usize::try_from(position).ok().and_then(|p| self.records.get(p)).cloned())
+    }
+
+    fn remove_before(&mut self, offset: Offset) -> Result<(), Infallible> {
+        while self.records.front().is_some_and(|r| r.offset < offset) {
+            self.records.pop_front();
+        }
+        self.start = self.records.front().map_or(offset, |r| r.offset);
+        Ok(())
+    }
+}
