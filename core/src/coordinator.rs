@@ -64,13 +64,18 @@ impl GroupSessions {
     /// timeout from `now`) and drop sessions of members that are gone.
     /// Call after every applied metadata command.
     pub fn sync(&mut self, metadata: &MetadataState, now: TimestampMs) {
-        self.sessions.retain(|group, _| metadata.group(group).is_some_and(|g| !g.members.is_empty()));
+        self.sessions
+            .retain(|group, _| metadata.group(group).is_some_and(|g| !g.members.is_empty()));
         for (group, info) in metadata.groups() {
             if info.members.is_empty() {
                 continue;
             }
             let sessions = self.sessions.entry(group.clone()).or_default();
-            sessions.retain(|member, session| info.members.get(member).is_some_and(|m| m.member_epoch == session.member_epoch));
+            sessions.retain(|member, session| {
+                info.members
+                    .get(member)
+                    .is_some_and(|m| m.member_epoch == session.member_epoch)
+            });
             for (member, member_info) in &info.members {
                 sessions.entry(member.clone()).or_insert(Session {
                     member_epoch: member_info.member_epoch,
@@ -91,17 +96,30 @@ impl GroupSessions {
         now: TimestampMs,
     ) -> Result<HeartbeatReply, HeartbeatError> {
         let Some(info) = metadata.group(group) else {
-            return Err(HeartbeatError::UnknownGroup { group: group.clone() });
+            return Err(HeartbeatError::UnknownGroup {
+                group: group.clone(),
+            });
         };
         let Some(member_info) = info.members.get(member) else {
-            return Err(HeartbeatError::UnknownMember { group: group.clone(), member: member.clone() });
+            return Err(HeartbeatError::UnknownMember {
+                group: group.clone(),
+                member: member.clone(),
+            });
         };
-        let session = Session { member_epoch: member_info.member_epoch, deadline: now.plus_ms(member_info.session_timeout_ms) };
-        self.sessions.entry(group.clone()).or_default().insert(member.clone(), session);
+        let session = Session {
+            member_epoch: member_info.member_epoch,
+            deadline: now.plus_ms(member_info.session_timeout_ms),
+        };
+        self.sessions
+            .entry(group.clone())
+            .or_default()
+            .insert(member.clone(), session);
         if generation == info.generation {
             Ok(HeartbeatReply::Current { generation })
         } else {
-            Ok(HeartbeatReply::RebalanceRequired { generation: info.generation })
+            Ok(HeartbeatReply::RebalanceRequired {
+                generation: info.generation,
+            })
         }
     }
 
@@ -116,14 +134,21 @@ impl GroupSessions {
                     .filter(|(_, s)| s.deadline <= now)
                     .map(|(member, s)| (member.as_str().to_string(), s.member_epoch))
                     .collect();
-                (!members.is_empty()).then(|| MetadataCommand::ExpireMembers { group: group.as_str().to_string(), members })
+                (!members.is_empty()).then(|| MetadataCommand::ExpireMembers {
+                    group: group.as_str().to_string(),
+                    members,
+                })
             })
             .collect()
     }
 
     /// The earliest session deadline: when to call [`Self::expired`] next.
     pub fn next_deadline(&self) -> Option<TimestampMs> {
-        self.sessions.values().flat_map(|s| s.values()).map(|s| s.deadline).min()
+        self.sessions
+            .values()
+            .flat_map(|s| s.values())
+            .map(|s| s.deadline)
+            .min()
     }
 }
 
@@ -148,7 +173,9 @@ mod tests {
         commands
             .iter()
             .flat_map(|c| match c {
-                MetadataCommand::ExpireMembers { members, .. } => members.iter().map(|(m, _)| m.clone()).collect(),
+                MetadataCommand::ExpireMembers { members, .. } => {
+                    members.iter().map(|(m, _)| m.clone()).collect()
+                }
                 _ => vec![],
             })
             .collect()
@@ -157,8 +184,21 @@ mod tests {
     #[test]
     fn silent_members_expire_and_heartbeats_keep_members_alive() {
         let mut metadata = MetadataState::new(Limits::default());
-        metadata.apply(TimestampMs(0), &MetadataCommand::RegisterBroker { broker: crate::BrokerId(1), address: "b1:1".into() }).unwrap();
-        let create = MetadataCommand::CreateTopic { topic: "t".into(), partitions: 2, replication_factor: 1, retention: Default::default() };
+        metadata
+            .apply(
+                TimestampMs(0),
+                &MetadataCommand::RegisterBroker {
+                    broker: crate::BrokerId(1),
+                    address: "b1:1".into(),
+                },
+            )
+            .unwrap();
+        let create = MetadataCommand::CreateTopic {
+            topic: "t".into(),
+            partitions: 2,
+            replication_factor: 1,
+            retention: Default::default(),
+        };
         metadata.apply(TimestampMs(0), &create).unwrap();
         join(&mut metadata, "a", 0);
         join(&mut metadata, "b", 0);
@@ -167,7 +207,9 @@ mod tests {
         assert_eq!(sessions.next_deadline(), Some(TimestampMs(10_000)));
         let (group, a) = (GroupName::new("g").unwrap(), MemberId::new("a").unwrap());
         let generation = metadata.group(&group).unwrap().generation;
-        let reply = sessions.heartbeat(&metadata, &group, &a, generation, TimestampMs(9_000)).unwrap();
+        let reply = sessions
+            .heartbeat(&metadata, &group, &a, generation, TimestampMs(9_000))
+            .unwrap();
         assert_eq!(reply, HeartbeatReply::Current { generation });
         assert!(sessions.expired(TimestampMs(9_999)).is_empty());
         let expired = sessions.expired(TimestampMs(10_000));
@@ -177,8 +219,15 @@ mod tests {
         }
         sessions.sync(&metadata, TimestampMs(10_000));
         assert_eq!(sessions.next_deadline(), Some(TimestampMs(19_000)));
-        let stale = sessions.heartbeat(&metadata, &group, &a, Generation(0), TimestampMs(10_001)).unwrap();
-        assert_eq!(stale, HeartbeatReply::RebalanceRequired { generation: metadata.group(&group).unwrap().generation });
+        let stale = sessions
+            .heartbeat(&metadata, &group, &a, Generation(0), TimestampMs(10_001))
+            .unwrap();
+        assert_eq!(
+            stale,
+            HeartbeatReply::RebalanceRequired {
+                generation: metadata.group(&group).unwrap().generation
+            }
+        );
     }
 
     #[test]
@@ -188,7 +237,10 @@ mod tests {
         let mut sessions = GroupSessions::new();
         sessions.grant_fresh_sessions(&metadata, TimestampMs(50_000));
         assert!(sessions.expired(TimestampMs(59_999)).is_empty());
-        assert_eq!(names(&sessions.expired(TimestampMs(60_000))), vec!["a".to_string()]);
+        assert_eq!(
+            names(&sessions.expired(TimestampMs(60_000))),
+            vec!["a".to_string()]
+        );
     }
 
     #[test]
@@ -196,9 +248,15 @@ mod tests {
         let mut metadata = MetadataState::new(Limits::default());
         let mut sessions = GroupSessions::new();
         let (group, member) = (GroupName::new("g").unwrap(), MemberId::new("a").unwrap());
-        assert!(matches!(sessions.heartbeat(&metadata, &group, &member, Generation(0), TimestampMs(0)), Err(HeartbeatError::UnknownGroup { .. })));
+        assert!(matches!(
+            sessions.heartbeat(&metadata, &group, &member, Generation(0), TimestampMs(0)),
+            Err(HeartbeatError::UnknownGroup { .. })
+        ));
         join(&mut metadata, "b", 0);
-        assert!(matches!(sessions.heartbeat(&metadata, &group, &member, Generation(0), TimestampMs(0)), Err(HeartbeatError::UnknownMember { .. })));
+        assert!(matches!(
+            sessions.heartbeat(&metadata, &group, &member, Generation(0), TimestampMs(0)),
+            Err(HeartbeatError::UnknownMember { .. })
+        ));
     }
 
     #[test]
@@ -209,12 +267,29 @@ mod tests {
         sessions.sync(&metadata, TimestampMs(0));
         let expired = sessions.expired(TimestampMs(10_000));
         // The member leaves and rejoins before the expiry is applied.
-        metadata.apply(TimestampMs(10_000), &MetadataCommand::LeaveGroup { group: "g".into(), member: "a".into() }).unwrap();
+        metadata
+            .apply(
+                TimestampMs(10_000),
+                &MetadataCommand::LeaveGroup {
+                    group: "g".into(),
+                    member: "a".into(),
+                },
+            )
+            .unwrap();
         join(&mut metadata, "a", 10_000);
         for command in &expired {
             let outcome = metadata.apply(TimestampMs(10_001), command).unwrap();
-            assert!(matches!(outcome, crate::metadata::MetadataOutcome::MembersExpired { ref expired, .. } if expired.is_empty()));
+            assert!(
+                matches!(outcome, crate::metadata::MetadataOutcome::MembersExpired { ref expired, .. } if expired.is_empty())
+            );
         }
-        assert_eq!(metadata.group(&GroupName::new("g").unwrap()).unwrap().members.len(), 1);
+        assert_eq!(
+            metadata
+                .group(&GroupName::new("g").unwrap())
+                .unwrap()
+                .members
+                .len(),
+            1
+        );
     }
 }

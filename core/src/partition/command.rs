@@ -19,12 +19,24 @@ pub struct ProducerBatch {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PartitionCommand {
     /// Append a batch of records, idempotently if `producer` is set.
-    Append { producer: Option<ProducerBatch>, records: Vec<Record> },
+    Append {
+        producer: Option<ProducerBatch>,
+        records: Vec<Record>,
+    },
     /// Claim the partition for a group's member in a generation (G5): from
     /// then on, commits from older generations are fenced.
-    Claim { group: String, member: String, generation: Generation },
+    Claim {
+        group: String,
+        member: String,
+        generation: Generation,
+    },
     /// Commit every offset up to and including `offset` for the group (G4).
-    Commit { group: String, member: String, generation: Generation, offset: Offset },
+    Commit {
+        group: String,
+        member: String,
+        generation: Generation,
+        offset: Offset,
+    },
     /// Set a group's position (the next offset it reads) by hand; the admin
     /// path, allowed only while the group has no members (checked by the
     /// server against the metadata group).
@@ -38,15 +50,30 @@ pub enum PartitionCommand {
 pub enum PartitionOutcome {
     /// The batch sits at `base_offset .. base_offset + count`. `duplicate`
     /// says it was a retry answered with the original offsets (G8).
-    Appended { base_offset: Offset, count: u32, duplicate: bool },
+    Appended {
+        base_offset: Offset,
+        count: u32,
+        duplicate: bool,
+    },
     /// The claim holds; the member reads from `position`.
-    Claimed { generation: Generation, position: Offset },
+    Claimed {
+        generation: Generation,
+        position: Offset,
+    },
     /// The group's position (next offset to read) is now `position`.
-    Committed { position: Offset },
-    PositionReset { position: Offset },
+    Committed {
+        position: Offset,
+    },
+    PositionReset {
+        position: Offset,
+    },
     /// Retention ran; groups whose position fell below the new log start
     /// are listed with their position (they lost records they had not read).
-    Retained { log_start: Offset, removed_records: u64, groups_behind: Vec<(GroupName, Offset)> },
+    Retained {
+        log_start: Offset,
+        removed_records: u64,
+        groups_behind: Vec<(GroupName, Offset)>,
+    },
 }
 
 /// Why a partition command changed nothing. Each message says what to do.
@@ -63,7 +90,11 @@ pub enum PartitionRejection {
     #[error("record {index} of the batch: {error}")]
     InvalidRecord { index: u32, error: RecordError },
     #[error("producer {producer} sent sequence {got} but {expected} was next: resend the missing batches in order")]
-    SequenceGap { producer: ProducerId, expected: Sequence, got: Sequence },
+    SequenceGap {
+        producer: ProducerId,
+        expected: Sequence,
+        got: Sequence,
+    },
     #[error("producer {producer} resent sequence {got}, older than the retries this partition remembers: it was appended; do not resend it")]
     SequenceTooOld { producer: ProducerId, got: Sequence },
     #[error("producer {producer} is not known here and sent sequence {got}, not 0: its state expired; restart it with a new producer id")]
@@ -71,15 +102,30 @@ pub enum PartitionRejection {
     #[error("the partition's offsets are exhausted")]
     OffsetOverflow,
     #[error("group {group} generation {generation} is fenced: generation {current} holds this partition; rejoin the group")]
-    Fenced { group: GroupName, generation: Generation, current: Generation },
+    Fenced {
+        group: GroupName,
+        generation: Generation,
+        current: Generation,
+    },
     #[error("group {group}: member {member} does not hold a claim on this partition in generation {generation}: poll first to claim it")]
-    NotClaimed { group: GroupName, member: String, generation: Generation },
+    NotClaimed {
+        group: GroupName,
+        member: String,
+        generation: Generation,
+    },
     #[error("commit of offset {offset} is beyond the high watermark {high_watermark}: commit only offsets you read")]
-    CommitBeyondHighWatermark { offset: Offset, high_watermark: Offset },
+    CommitBeyondHighWatermark {
+        offset: Offset,
+        high_watermark: Offset,
+    },
     #[error("commit of offset {offset} would move the group back from position {position}: commits only go forward")]
     CommitBackwards { offset: Offset, position: Offset },
     #[error("position {position} is outside the log [{log_start}, {high_watermark}]")]
-    PositionOutOfRange { position: Offset, log_start: Offset, high_watermark: Offset },
+    PositionOutOfRange {
+        position: Offset,
+        log_start: Offset,
+        high_watermark: Offset,
+    },
     #[error("this partition already tracks {max} groups: raise groups_per_partition_max")]
     TooManyGroups { max: u32 },
 }
@@ -91,7 +137,11 @@ pub type PartitionResult = Result<PartitionOutcome, PartitionRejection>;
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError<E: std::error::Error + 'static> {
     #[error("offset {requested} is outside the log [{log_start}, {high_watermark}]: read from the log start or a committed position")]
-    OffsetOutOfRange { requested: Offset, log_start: Offset, high_watermark: Offset },
+    OffsetOutOfRange {
+        requested: Offset,
+        log_start: Offset,
+        high_watermark: Offset,
+    },
     #[error("storage failed: {0}")]
     Storage(#[source] E),
 }

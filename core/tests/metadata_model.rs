@@ -1,0 +1,495 @@
+//! Model test of the metadata state machine: random sequences of valid and
+//! invalid commands, each compared with a small reference model, with
+//! `check_invariants()` after every step. The model decides independently
+//! whether a command applies and which rejection it gets.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use keel_core::assignor::AssignorKind;
+use keel_core::metadata::{
+    MetadataCommand, MetadataOutcome, MetadataRejection, MetadataState, RetentionPolicy,
+};
+use keel_core::{BrokerId, GroupName, Limits, MemberId, PartitionIndex, TimestampMs, TopicName};
+use proptest::prelude::*;
+
+mod common;
+
+fn limits() -> Limits {
+    Limits {
+        partitions_per_topic_max: 4,
+        replication_factor_max: 3,
+        topics_max: 3,
+        brokers_max: 4,
+        broker_address_bytes_max: 12,
+        groups_max: 2,
+        members_per_group_max: 3,
+        subscriptions_per_member_max: 2,
+        session_timeout_ms_min: 100,
+        session_timeout_ms_max: 1000,
+        ..Limits::default()
+    }
+}
+
+const TOPICS: [&str; 5] = ["a", "b", "c", "", "bad name"];
+const GROUPS: [&str; 3] = ["g1", "g2", "g/3"];
+const MEMBERS: [&str; 5] = ["m1", "m2", "m3", "m4", ""];
+const ADDRESSES: [&str; 4] = ["h:1", "h:2", "", "far-too-long:9999"];
+
+fn command() -> impl Strategy<Value = MetadataCommand> {
+    let name =
+        |pool: &'static [&'static str]| proptest::sample::select(pool).prop_map(str::to_string);
+    let assignor = proptest::sample::select(
+        &[
+            AssignorKind::StickyBalanced,
+            AssignorKind::Range,
+            AssignorKind::RoundRobin,
+        ][..],
+    );
+    prop_oneof![
+        3 => (1u64..6, name(&ADDRESSES)).prop_map(|(b, address)| MetadataCommand::RegisterBroker { broker: BrokerId(b), address }),
+        1 => (1u64..6).prop_map(|b| MetadataCommand::RemoveBroker { broker: BrokerId(b) }),
+        3 => (name(&TOPICS), 0u32..6, 0u32..5).prop_map(|(topic, partitions, replication_factor)| MetadataCommand::CreateTopic {
+            topic, partitions, replication_factor, retention: RetentionPolicy::default()
+        }),
+        1 => name(&TOPICS).prop_map(|topic| MetadataCommand::DeleteTopic { topic }),
+        1 => (name(&TOPICS), 0u32..5, proptest::collection::vec(1u64..6, 0..4)).prop_map(|(topic, p, replicas)| MetadataCommand::MoveReplicas {
+            topic, partition: PartitionIndex(p), replicas: replicas.into_iter().map(BrokerId).collect()
+        }),
+        6 => (name(&GROUPS), name(&MEMBERS), proptest::collection::vec(name(&TOPICS), 0..4), prop_oneof![Just(50u64), Just(100), Just(500), Just(1000), Just(1001)], assignor)
+            .prop_map(|(group, member, topics, session_timeout_ms, assignor)| MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor }),
+        2 => (name(&GROUPS), name(&MEMBERS)).prop_map(|(group, member)| MetadataCommand::LeaveGroup { group, member }),
+        2 => (name(&GROUPS), proptest::collection::vec((name(&MEMBERS), 0u64..6), 0..3)).prop_map(|(group, members)| MetadataCommand::ExpireMembers { group, members }),
+        1 => Just(MetadataCommand::AllocateProducerId),
+    ]
+}
+
+#[derive(Clone)]
+struct ModelMember {
+    topics: BTreeSet<String>,
+    session_timeout_ms: u64,
+    epoch: u64,
+}
+
+#[derive(Clone)]
+struct ModelGroup {
+    assignor: AssignorKind,
+    members: BTreeMap<String, ModelMember>,
+    next_epoch: u64,
+}
+
+/// The reference model: plain maps of strings, and the rules written out
+/// once more in the order the documentation gives them.
+#[derive(Clone)]
+struct Model {
+    limits: Limits,
+    brokers: BTreeMap<u64, String>,
+    /// Topic name to each partition's replicas.
+    topics: BTreeMap<String, Vec<Vec<u64>>>,
+    groups: BTreeMap<String, ModelGroup>,
+    next_producer: u64,
+}
+
+fn legal(name: &str) -> bool {
+    (1..=249).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c))
+        && name != "."
+        && name != ".."
+}
+
+type Expected = Result<(), &'static str>;
+
+impl Model {
+    fn new() -> Self {
+        Model {
+            limits: limits(),
+            brokers: BTreeMap::new(),
+            topics: BTreeMap::new(),
+            groups: BTreeMap::new(),
+            next_producer: 1,
+        }
+    }
+
+    /// What the command should do; `Ok` commands also update the model
+    /// (topic placements are taken from the real outcome, then checked).
+    fn expect(&self, command: &MetadataCommand) -> Expected {
+        let l = &self.limits;
+        match command {
+            MetadataCommand::RegisterBroker { broker, address } => {
+                if address.is_empty()
+                    || address.len() > l.broker_address_bytes_max as usize
+                    || address.contains(char::is_whitespace)
+                {
+                    return Err("InvalidBrokerAddress");
+                }
+                if !self.brokers.contains_key(&broker.0)
+                    && self.brokers.len() >= l.brokers_max as usize
+                {
+                    return Err("TooManyBrokers");
+                }
+                Ok(())
+            }
+            MetadataCommand::RemoveBroker { broker } => {
+                if !self.brokers.contains_key(&broker.0) {
+                    return Err("UnknownBroker");
+                }
+                if self
+                    .topics
+                    .values()
+                    .flatten()
+                    .any(|r| r.contains(&broker.0))
+                {
+                    return Err("BrokerHoldsReplicas");
+                }
+                Ok(())
+            }
+            MetadataCommand::CreateTopic {
+                topic,
+                partitions,
+                replication_factor,
+                ..
+            } => {
+                if !legal(topic) {
+                    return Err("InvalidName");
+                }
+                if self.topics.contains_key(topic) {
+                    return Err("TopicExists");
+                }
+                if *partitions == 0 || *partitions > l.partitions_per_topic_max {
+                    return Err("InvalidPartitionCount");
+                }
+                if *replication_factor > l.replication_factor_max {
+                    return Err("ReplicationFactorTooHigh");
+                }
+                if self.topics.len() >= l.topics_max as usize {
+                    return Err("TooManyTopics");
+                }
+                if *replication_factor == 0 || *replication_factor as usize > self.brokers.len() {
+                    return Err("Placement");
+                }
+                Ok(())
+            }
+            MetadataCommand::DeleteTopic { topic } => {
+                if !legal(topic) {
+                    return Err("InvalidName");
+                }
+                if !self.topics.contains_key(topic) {
+                    return Err("UnknownTopic");
+                }
+                Ok(())
+            }
+            MetadataCommand::MoveReplicas {
+                topic,
+                partition,
+                replicas,
+            } => {
+                if !legal(topic) {
+                    return Err("InvalidName");
+                }
+                let Some(partitions) = self.topics.get(topic) else {
+                    return Err("UnknownTopic");
+                };
+                if partition.0 as usize >= partitions.len() {
+                    return Err("UnknownPartition");
+                }
+                let distinct: BTreeSet<_> = replicas.iter().collect();
+                if replicas.is_empty()
+                    || distinct.len() != replicas.len()
+                    || replicas.len() > l.replication_factor_max as usize
+                    || replicas.iter().any(|b| !self.brokers.contains_key(&b.0))
+                {
+                    return Err("InvalidReplicas");
+                }
+                Ok(())
+            }
+            MetadataCommand::JoinGroup {
+                group,
+                member,
+                topics,
+                session_timeout_ms,
+                assignor,
+            } => {
+                if !legal(group) || !legal(member) {
+                    return Err("InvalidName");
+                }
+                if topics.is_empty() {
+                    return Err("EmptySubscription");
+                }
+                if topics.len() > l.subscriptions_per_member_max as usize {
+                    return Err("TooManySubscriptions");
+                }
+                if !topics.iter().all(|t| legal(t)) {
+                    return Err("InvalidName");
+                }
+                if !(l.session_timeout_ms_min..=l.session_timeout_ms_max)
+                    .contains(session_timeout_ms)
+                {
+                    return Err("SessionTimeoutOutOfRange");
+                }
+                match self.groups.get(group) {
+                    None if self.groups.len() >= l.groups_max as usize => Err("TooManyGroups"),
+                    None => Ok(()),
+                    Some(g) if g.assignor != *assignor && !g.members.is_empty() => {
+                        Err("AssignorMismatch")
+                    }
+                    Some(g)
+                        if !g.members.contains_key(member)
+                            && g.members.len() >= l.members_per_group_max as usize =>
+                    {
+                        Err("TooManyMembers")
+                    }
+                    Some(_) => Ok(()),
+                }
+            }
+            MetadataCommand::LeaveGroup { group, member } => {
+                if !legal(group) || !legal(member) {
+                    return Err("InvalidName");
+                }
+                let Some(g) = self.groups.get(group) else {
+                    return Err("UnknownGroup");
+                };
+                if !g.members.contains_key(member) {
+                    return Err("UnknownMember");
+                }
+                Ok(())
+            }
+            MetadataCommand::ExpireMembers { group, .. } => {
+                if !legal(group) {
+                    return Err("InvalidName");
+                }
+                if !self.groups.contains_key(group) {
+                    return Err("UnknownGroup");
+                }
+                Ok(())
+            }
+            MetadataCommand::AllocateProducerId => Ok(()),
+        }
+    }
+
+    /// Apply an accepted command to the model.
+    fn apply(
+        &mut self,
+        command: &MetadataCommand,
+        outcome: &MetadataOutcome,
+    ) -> Result<(), TestCaseError> {
+        match (command, outcome) {
+            (MetadataCommand::RegisterBroker { broker, address }, _) => {
+                self.brokers.insert(broker.0, address.clone());
+            }
+            (MetadataCommand::RemoveBroker { broker }, _) => {
+                self.brokers.remove(&broker.0);
+            }
+            (
+                MetadataCommand::CreateTopic {
+                    topic,
+                    partitions,
+                    replication_factor,
+                    ..
+                },
+                MetadataOutcome::TopicCreated { placements, .. },
+            ) => {
+                prop_assert_eq!(placements.len(), *partitions as usize);
+                for placement in placements {
+                    prop_assert_eq!(placement.replicas.len(), *replication_factor as usize);
+                }
+                self.topics.insert(
+                    topic.clone(),
+                    placements
+                        .iter()
+                        .map(|p| p.replicas.iter().map(|b| b.0).collect())
+                        .collect(),
+                );
+            }
+            (MetadataCommand::DeleteTopic { topic }, _) => {
+                self.topics.remove(topic);
+            }
+            (
+                MetadataCommand::MoveReplicas {
+                    topic,
+                    partition,
+                    replicas,
+                },
+                _,
+            ) => {
+                self.topics.get_mut(topic).unwrap()[partition.0 as usize] =
+                    replicas.iter().map(|b| b.0).collect();
+            }
+            (
+                MetadataCommand::JoinGroup {
+                    group,
+                    member,
+                    topics,
+                    session_timeout_ms,
+                    assignor,
+                },
+                MetadataOutcome::Joined { member_epoch, .. },
+            ) => {
+                let entry = self.groups.entry(group.clone()).or_insert(ModelGroup {
+                    assignor: *assignor,
+                    members: BTreeMap::new(),
+                    next_epoch: 1,
+                });
+                entry.assignor = *assignor;
+                let topics: BTreeSet<String> = topics.iter().cloned().collect();
+                let unchanged = entry.members.get(member).is_some_and(|m| {
+                    m.topics == topics && m.session_timeout_ms == *session_timeout_ms
+                });
+                if !unchanged {
+                    entry.members.insert(
+                        member.clone(),
+                        ModelMember {
+                            topics,
+                            session_timeout_ms: *session_timeout_ms,
+                            epoch: entry.next_epoch,
+                        },
+                    );
+                    entry.next_epoch += 1;
+                }
+                prop_assert_eq!(entry.members[member].epoch, *member_epoch);
+            }
+            (MetadataCommand::LeaveGroup { group, member }, _) => {
+                self.groups.get_mut(group).unwrap().members.remove(member);
+            }
+            (
+                MetadataCommand::ExpireMembers { group, members },
+                MetadataOutcome::MembersExpired { expired, .. },
+            ) => {
+                let g = self.groups.get_mut(group).unwrap();
+                let mut expected = Vec::new();
+                for (member, epoch) in members {
+                    if g.members.get(member).is_some_and(|m| m.epoch == *epoch) {
+                        g.members.remove(member);
+                        expected.push(member.clone());
+                    }
+                }
+                let got: Vec<String> = expired.iter().map(|m| m.as_str().to_string()).collect();
+                prop_assert_eq!(got, expected);
+            }
+            (
+                MetadataCommand::AllocateProducerId,
+                MetadataOutcome::ProducerIdAllocated { producer },
+            ) => {
+                prop_assert_eq!(producer.0, self.next_producer);
+                self.next_producer += 1;
+            }
+            (command, outcome) => {
+                prop_assert!(false, "{command:?} gave the wrong outcome kind {outcome:?}")
+            }
+        }
+        Ok(())
+    }
+
+    /// The state agrees with the model on everything the model tracks.
+    fn compare(&self, state: &MetadataState) -> Result<(), TestCaseError> {
+        let brokers: BTreeMap<u64, String> = state
+            .brokers()
+            .iter()
+            .map(|(id, b)| (id.0, b.address.clone()))
+            .collect();
+        prop_assert_eq!(&brokers, &self.brokers);
+        let topics: BTreeMap<String, Vec<Vec<u64>>> = state
+            .topics()
+            .iter()
+            .map(|(name, t)| {
+                (
+                    name.to_string(),
+                    t.partitions
+                        .iter()
+                        .map(|p| p.replicas.iter().map(|b| b.0).collect())
+                        .collect(),
+                )
+            })
+            .collect();
+        prop_assert_eq!(&topics, &self.topics);
+        prop_assert_eq!(state.groups().len(), self.groups.len());
+        for (name, group) in &self.groups {
+            let real = state
+                .group(&GroupName::new(name.as_str()).unwrap())
+                .unwrap();
+            prop_assert_eq!(real.members.len(), group.members.len());
+            for (member, m) in &group.members {
+                let r = &real.members[&MemberId::new(member.as_str()).unwrap()];
+                let topics: BTreeSet<String> = r.topics.iter().map(TopicName::to_string).collect();
+                prop_assert_eq!(&topics, &m.topics);
+                prop_assert_eq!(r.member_epoch, m.epoch);
+            }
+        }
+        Ok(())
+    }
+}
+
+fn rejection_kind(rejection: &MetadataRejection) -> &'static str {
+    match rejection {
+        MetadataRejection::InvalidName(_) => "InvalidName",
+        MetadataRejection::InvalidBrokerAddress { .. } => "InvalidBrokerAddress",
+        MetadataRejection::TooManyBrokers { .. } => "TooManyBrokers",
+        MetadataRejection::UnknownBroker { .. } => "UnknownBroker",
+        MetadataRejection::BrokerHoldsReplicas { .. } => "BrokerHoldsReplicas",
+        MetadataRejection::TopicExists { .. } => "TopicExists",
+        MetadataRejection::UnknownTopic { .. } => "UnknownTopic",
+        MetadataRejection::InvalidPartitionCount { .. } => "InvalidPartitionCount",
+        MetadataRejection::ReplicationFactorTooHigh { .. } => "ReplicationFactorTooHigh",
+        MetadataRejection::Placement(_) => "Placement",
+        MetadataRejection::TooManyTopics { .. } => "TooManyTopics",
+        MetadataRejection::UnknownPartition { .. } => "UnknownPartition",
+        MetadataRejection::InvalidReplicas { .. } => "InvalidReplicas",
+        MetadataRejection::UnknownGroup { .. } => "UnknownGroup",
+        MetadataRejection::UnknownMember { .. } => "UnknownMember",
+        MetadataRejection::EmptySubscription => "EmptySubscription",
+        MetadataRejection::TooManySubscriptions { .. } => "TooManySubscriptions",
+        MetadataRejection::SessionTimeoutOutOfRange { .. } => "SessionTimeoutOutOfRange",
+        MetadataRejection::TooManyGroups { .. } => "TooManyGroups",
+        MetadataRejection::TooManyMembers { .. } => "TooManyMembers",
+        MetadataRejection::AssignorMismatch { .. } => "AssignorMismatch",
+        MetadataRejection::ProducerIdsExhausted => "ProducerIdsExhausted",
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    #[test]
+    fn metadata_matches_the_model(commands in proptest::collection::vec(command(), 1..80)) {
+        let mut state = MetadataState::new(limits());
+        let mut model = Model::new();
+        for (step, command) in commands.iter().enumerate() {
+            let at = TimestampMs(step as u64 * 10);
+            let before = state.clone();
+            let expected = model.expect(command);
+            let result = state.apply(at, command);
+            common::round_trip(command)?;
+            common::round_trip(&result)?;
+            common::round_trip(&state)?;
+            state.check_invariants().map_err(|e| TestCaseError::fail(format!("step {step} {command:?}: {e}")))?;
+            match (&expected, &result) {
+                (Ok(()), Ok(outcome)) => model.apply(command, outcome)?,
+                (Err(kind), Err(rejection)) => {
+                    prop_assert_eq!(*kind, rejection_kind(rejection), "step {} {:?}", step, command);
+                    prop_assert!(!rejection.to_string().is_empty());
+                    prop_assert_eq!(state.brokers(), before.brokers());
+                    prop_assert_eq!(state.topics(), before.topics());
+                    prop_assert_eq!(state.groups(), before.groups());
+                }
+                _ => prop_assert!(false, "step {step} {command:?}: model expected {expected:?}, state gave {result:?}"),
+            }
+            model.compare(&state)?;
+            // Generations never go back, and move by one exactly when the
+            // assignment changed.
+            for (name, group) in state.groups() {
+                let Some(old) = before.group(name) else { continue };
+                let changed = old.assignment != group.assignment;
+                prop_assert_eq!(group.generation.0, old.generation.0 + u64::from(changed), "group {}", name);
+            }
+            if let Ok(MetadataOutcome::Joined { generation, partitions, .. }) = &result {
+                if let MetadataCommand::JoinGroup { group, member, .. } = command {
+                    let info = state.group(&GroupName::new(group.as_str()).unwrap()).unwrap();
+                    prop_assert_eq!(*generation, info.generation);
+                    prop_assert_eq!(partitions, &info.partitions_of(&MemberId::new(member.as_str()).unwrap()));
+                }
+            }
+        }
+        let (applied, rejected) = state.command_counts();
+        prop_assert_eq!(applied + rejected, commands.len() as u64);
+    }
+}
