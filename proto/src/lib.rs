@@ -1,6 +1,15 @@
 //! keel-proto: the `.proto` files and the code generated from them.
 //!
-//! It will hold the public API (produce, consume, admin) and the internal
-//! broker-to-broker Raft RPC, generated with madsim-tonic-build so that one
-//! build yields both the real tonic code and the simulated one. It holds no
-//! logic: validation lives in `keel-server`, state machines in `keel-core`.
+//! - `raft`: the internal broker-to-broker Raft transport (every group over
+//!   one channel per peer).
+//!
+//! The public API (produce, consume, admin) joins it with the client-facing
+//! services. Generated with madsim-tonic-build, so one build yields both the
+//! real tonic code and the simulated one. No logic lives here: validation is
+//! in `keel-server`, state machines in `keel-core`.
+
+/// The internal Raft transport between brokers.
+pub mod raft {
+    #![allow(clippy::all)]
+    tonic::include_proto!("keel.raft");
+}

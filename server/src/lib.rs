@@ -1,6 +1,12 @@
 //! keel-server: a broker node.
 //!
-//! It will host the metadata Raft group and one Raft group per partition
-//! replica (openraft over redb), the Raft network and the public API over
-//! tonic, configuration, metrics and the `keel` binary. Every outcome is
-//! decided by the state machines in `keel-core`; this crate only does I/O.
+//! It hosts the metadata Raft group and one Raft group per partition
+//! replica (openraft over one redb database per node), the Raft transport
+//! between brokers over gRPC, and the node's clock. Every outcome is decided
+//! by the state machines in `keel-core`; this crate only does I/O. The same
+//! code runs on tokio and, built with `--cfg madsim`, in the simulation.
+
+pub mod clock;
+pub mod group;
+pub mod raft;
+pub mod storage;

@@ -1,0 +1,68 @@
+//! The openraft type configuration shared by every group, and the commands
+//! and responses carried in its log.
+
+use std::io::Cursor;
+
+use keel_core::metadata::{MetadataCommand, MetadataResult};
+use keel_core::partition::{PartitionCommand, PartitionResult};
+use keel_core::TimestampMs;
+use serde::{Deserialize, Serialize};
+
+/// The async runtime openraft runs on: tokio in production, madsim in the
+/// simulation (see `runtime_sim`).
+#[cfg(not(madsim))]
+pub type Runtime = openraft::TokioRuntime;
+#[cfg(madsim)]
+pub type Runtime = super::runtime_sim::MadsimRuntime;
+
+/// A broker's id as openraft sees it.
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// keel's Raft types: one configuration for the metadata group and all
+    /// partition groups.
+    pub TypeConfig:
+        D = Request,
+        R = Response,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        Responder = openraft::impls::OneshotResponder<TypeConfig>,
+        AsyncRuntime = Runtime,
+);
+
+/// A command for one group's state machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    Metadata(MetadataCommand),
+    Partition(PartitionCommand),
+}
+
+/// A log entry's application data: a command and the time the leader
+/// stamped on it. Apply reads time only from here (G7).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub at: TimestampMs,
+    pub command: Command,
+}
+
+/// What applying one entry produced.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    Metadata(MetadataResult),
+    Partition(PartitionResult),
+    /// A command for another kind of group reached this one; recorded and
+    /// ignored (it cannot happen through keel's own code paths).
+    WrongGroup,
+    /// Blank and membership entries.
+    None,
+}
+
+/// openraft's aliases, filled in with keel's types.
+pub type Raft = openraft::Raft<TypeConfig>;
+pub type LogId = openraft::LogId<NodeId>;
+pub type Vote = openraft::Vote<NodeId>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, openraft::BasicNode>;
+pub type StorageError = openraft::StorageError<NodeId>;

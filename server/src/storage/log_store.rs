@@ -1,0 +1,230 @@
+//! openraft's `RaftLogStorage` for one group, over the node's database.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{Entry, ErrorSubject, ErrorVerb, RaftLogReader, StorageIOError};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::store::{NodeStore, StoreError, LOG, RAFT_META};
+use crate::raft::types::{LogId, StorageError, TypeConfig, Vote};
+
+/// One group's Raft log and vote, in the node's database.
+#[derive(Debug, Clone)]
+pub struct LogStore {
+    store: Arc<NodeStore>,
+    group: String,
+}
+
+pub(crate) fn io_error(
+    subject: ErrorSubject<u64>,
+    verb: ErrorVerb,
+    error: StoreError,
+) -> StorageError {
+    StorageIOError::new(subject, verb, openraft::AnyError::new(&error)).into()
+}
+
+fn log_error(verb: ErrorVerb) -> impl FnOnce(StoreError) -> StorageError {
+    move |e| io_error(ErrorSubject::Logs, verb, e)
+}
+
+/// `[start, end)` of a range of log indexes.
+fn index_bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(i) => *i,
+        Bound::Excluded(i) => i.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(i) => i.saturating_add(1),
+        Bound::Excluded(i) => *i,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl LogStore {
+    pub fn new(store: Arc<NodeStore>, group: String) -> Self {
+        LogStore { store, group }
+    }
+
+    fn read_meta<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StoreError> {
+        self.store.read(|txn| {
+            let table = txn.open_table(RAFT_META)?;
+            let value = table.get((self.group.as_str(), name))?;
+            Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
+        })
+    }
+
+    fn write_meta<T: Serialize>(
+        &self,
+        durable: bool,
+        name: &str,
+        value: &T,
+    ) -> Result<(), StoreError> {
+        let bytes = postcard::to_stdvec(value)?;
+        self.store.write(durable, |txn| {
+            txn.open_table(RAFT_META)?
+                .insert((self.group.as_str(), name), bytes.as_slice())?;
+            Ok(())
+        })
+    }
+
+    fn entries(&self, start: u64, end: u64) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        self.store.read(|txn| {
+            let table = txn.open_table(LOG)?;
+            let group = self.group.as_str();
+            let mut entries = Vec::new();
+            for row in table.range((group, start)..(group, end))? {
+                let (_, value) = row.map_err(redb::Error::from)?;
+                entries.push(postcard::from_bytes(value.value())?);
+            }
+            Ok(entries)
+        })
+    }
+
+    fn last_entry_id(&self) -> Result<Option<LogId>, StoreError> {
+        self.store.read(|txn| {
+            let table = txn.open_table(LOG)?;
+            let group = self.group.as_str();
+            let last = table.range((group, 0)..=(group, u64::MAX))?.next_back();
+            match last {
+                Some(row) => {
+                    let (_, value) = row.map_err(redb::Error::from)?;
+                    let entry: Entry<TypeConfig> = postcard::from_bytes(value.value())?;
+                    Ok(Some(entry.log_id))
+                }
+                None => Ok(None),
+            }
+        })
+    }
+
+    /// Delete the entries with index in `[start, end)`.
+    fn delete(&self, start: u64, end: u64, durable: bool) -> Result<(), StoreError> {
+        let group = self.group.as_str();
+        self.store.write(durable, |txn| {
+            let mut table = txn.open_table(LOG)?;
+            table.retain_in((group, start)..(group, end), |_, _| false)?;
+            Ok(())
+        })
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError> {
+        let (start, end) = index_bounds(&range);
+        self.entries(start, end).map_err(log_error(ErrorVerb::Read))
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged_log_id: Option<LogId> = self
+            .read_meta("purged")
+            .map_err(log_error(ErrorVerb::Read))?;
+        let last_log_id = self
+            .last_entry_id()
+            .map_err(log_error(ErrorVerb::Read))?
+            .or(last_purged_log_id);
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        // A vote must be durable before it is acted on.
+        self.write_meta(true, "vote", vote)
+            .map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e))
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        self.read_meta("vote")
+            .map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Read, e))
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        // A hint for faster recovery; losing it is harmless.
+        self.write_meta(false, "committed", &committed)
+            .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        let committed: Option<Option<LogId>> = self
+            .read_meta("committed")
+            .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
+        Ok(committed.flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let group = self.group.as_str();
+        let encoded: Vec<(u64, Vec<u8>)> = entries
+            .into_iter()
+            .map(|entry| Ok((entry.log_id.index, postcard::to_stdvec(&entry)?)))
+            .collect::<Result<_, StoreError>>()
+            .map_err(log_error(ErrorVerb::Write))?;
+        self.store
+            .write(false, |txn| {
+                let mut table = txn.open_table(LOG)?;
+                for (index, bytes) in &encoded {
+                    table.insert((group, *index), bytes.as_slice())?;
+                }
+                Ok(())
+            })
+            .map_err(log_error(ErrorVerb::Write))?;
+        // Readable now; persisted (and reported so) after the next flush.
+        self.store.flush_later(callback);
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.delete(log_id.index, u64::MAX, false)
+            .map_err(log_error(ErrorVerb::Delete))?;
+        // Index u64::MAX itself is never used by openraft.
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        self.write_meta(false, "purged", &log_id)
+            .map_err(log_error(ErrorVerb::Write))?;
+        self.delete(0, log_id.index.saturating_add(1), false)
+            .map_err(log_error(ErrorVerb::Delete))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_bounds_cover_every_range_form() {
+        assert_eq!(index_bounds(&(3..7)), (3, 7));
+        assert_eq!(index_bounds(&(3..=7)), (3, 8));
+        assert_eq!(index_bounds(&(..7)), (0, 7));
+        assert_eq!(index_bounds(&(3..)), (3, u64::MAX));
+        assert_eq!(index_bounds(&(..)), (0, u64::MAX));
+    }
+}

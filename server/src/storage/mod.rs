@@ -1,0 +1,28 @@
+//! Storage of a broker node: one redb database per node holding every
+//! group's Raft log, vote, state machine and partition records.
+//!
+//! Why one database per node rather than one per group: a node hosts many
+//! groups, and one database lets a single fsync make every group's pending
+//! appends durable at once (group commit across partitions, see
+//! [`NodeStore::flush`]). The benchmark `server/benches/store.rs` compares it
+//! with one database per group.
+//!
+//! Durability rules (G1):
+//! - Log appends are committed without fsync (`Durability::None`) so they
+//!   are readable at once; openraft is told they are persisted only after a
+//!   later durable commit, which makes every earlier commit durable too.
+//! - Votes are committed durably before `save_vote` returns.
+//! - State-machine writes are not synced: the Raft log replays them. Before
+//!   a snapshot is handed out (after which openraft may purge the log), the
+//!   state machine is made durable.
+//! - After any storage error the store refuses further work (fatal).
+
+mod log_store;
+mod records;
+mod state_machine;
+mod store;
+
+pub use log_store::LogStore;
+pub use records::{RecordReader, RecordWriter};
+pub use state_machine::{GroupState, GroupStateMachine, SharedGroupState};
+pub use store::{NodeStore, StoreError};

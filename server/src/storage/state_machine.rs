@@ -1,0 +1,300 @@
+//! openraft's `RaftStateMachine` for one group: keel-core's metadata or
+//! partition state machine, persisted in the node's database.
+//!
+//! Apply decodes nothing itself and decides nothing: every outcome comes
+//! from keel-core (G7). A command meant for the other kind of group is
+//! recorded as `Response::WrongGroup`.
+
+use std::io::Cursor;
+use std::sync::{Arc, Mutex};
+
+use keel_core::metadata::MetadataState;
+use keel_core::partition::{PartitionState, RecordLog};
+use keel_core::record::StoredRecord;
+use keel_core::{Limits, Offset};
+use openraft::storage::{RaftStateMachine, Snapshot};
+use openraft::{Entry, EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder};
+use serde::{Deserialize, Serialize};
+
+use super::log_store::io_error;
+use super::records::{RecordReader, RecordWriter};
+use super::store::{NodeStore, StoreError, RECORDS, SNAPSHOTS, STATE};
+use crate::raft::types::{
+    Command, LogId, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+
+/// The core state machine a group runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GroupState {
+    Metadata(MetadataState),
+    Partition(PartitionState),
+}
+
+/// What a group's state machine has applied, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Applied {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    state: GroupState,
+}
+
+/// A group's state, shared with the node (for reads and reconciliation).
+/// Locked only for short synchronous sections, never across an `.await`.
+pub type SharedGroupState = Arc<Mutex<GroupState>>;
+
+/// One group's state machine.
+#[derive(Debug, Clone)]
+pub struct GroupStateMachine {
+    store: Arc<NodeStore>,
+    group: String,
+    last_applied: Arc<Mutex<(Option<LogId>, StoredMembership)>>,
+    state: SharedGroupState,
+}
+
+/// A snapshot's contents: the applied state and, for partitions, the
+/// records still in the log.
+#[derive(Debug, Serialize, Deserialize)]
+struct SnapshotImage {
+    applied: Applied,
+    records: Vec<StoredRecord>,
+}
+
+fn sm_error(verb: ErrorVerb) -> impl FnOnce(StoreError) -> StorageError {
+    move |e| io_error(ErrorSubject::StateMachine, verb, e)
+}
+
+fn snapshot_error(verb: ErrorVerb) -> impl FnOnce(StoreError) -> StorageError {
+    move |e| io_error(ErrorSubject::Snapshot(None), verb, e)
+}
+
+impl GroupStateMachine {
+    /// Open a group's state machine, starting from `initial` if the store
+    /// has none for it yet.
+    pub fn open(
+        store: Arc<NodeStore>,
+        group: String,
+        initial: GroupState,
+    ) -> Result<Self, StoreError> {
+        let stored: Option<Applied> = store.read(|txn| {
+            let table = txn.open_table(STATE)?;
+            let value = table.get(group.as_str())?;
+            Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
+        })?;
+        let applied = stored.unwrap_or(Applied {
+            last_applied: None,
+            membership: StoredMembership::default(),
+            state: initial,
+        });
+        Ok(GroupStateMachine {
+            store,
+            group,
+            last_applied: Arc::new(Mutex::new((applied.last_applied, applied.membership))),
+            state: Arc::new(Mutex::new(applied.state)),
+        })
+    }
+
+    /// A metadata state machine with these (cluster-wide) limits.
+    pub fn initial_metadata(limits: Limits) -> GroupState {
+        GroupState::Metadata(MetadataState::new(limits))
+    }
+
+    /// A partition state machine with these limits.
+    pub fn initial_partition(limits: Limits) -> GroupState {
+        GroupState::Partition(PartitionState::new(limits))
+    }
+
+    /// The state, shared.
+    pub fn state(&self) -> SharedGroupState {
+        Arc::clone(&self.state)
+    }
+
+    /// Read records of this (partition) group: `read` gets a record reader.
+    pub fn with_records<T>(
+        &self,
+        read: impl FnOnce(&PartitionState, &RecordReader<'_>) -> T,
+    ) -> Result<Option<T>, StoreError> {
+        self.store.read(|txn| {
+            let reader = RecordReader {
+                table: txn.open_table(RECORDS)?,
+                group: self.group.as_str(),
+            };
+            let state = self.state.lock().expect("group state");
+            Ok(match &*state {
+                GroupState::Partition(partition) => Some(read(partition, &reader)),
+                GroupState::Metadata(_) => None,
+            })
+        })
+    }
+
+    fn applied(&self) -> Applied {
+        let (last_applied, membership) = self.last_applied.lock().expect("applied").clone();
+        Applied {
+            last_applied,
+            membership,
+            state: self.state.lock().expect("group state").clone(),
+        }
+    }
+
+    fn apply_entries(&self, entries: Vec<Entry<TypeConfig>>) -> Result<Vec<Response>, StoreError> {
+        let group = self.group.as_str();
+        self.store.write(false, |txn| {
+            let mut records = txn.open_table(RECORDS)?;
+            let mut state = self.state.lock().expect("group state");
+            let mut applied = self.last_applied.lock().expect("applied");
+            let mut responses = Vec::with_capacity(entries.len());
+            for entry in entries {
+                applied.0 = Some(entry.log_id);
+                let response = match entry.payload {
+                    EntryPayload::Blank => Response::None,
+                    EntryPayload::Membership(membership) => {
+                        applied.1 = StoredMembership::new(Some(entry.log_id), membership);
+                        Response::None
+                    }
+                    EntryPayload::Normal(request) => match (&mut *state, &request.command) {
+                        (GroupState::Metadata(metadata), Command::Metadata(command)) => {
+                            Response::Metadata(metadata.apply(request.at, command))
+                        }
+                        (GroupState::Partition(partition), Command::Partition(command)) => {
+                            let mut log = RecordWriter {
+                                table: &mut records,
+                                group,
+                            };
+                            Response::Partition(partition.apply(&mut log, request.at, command)?)
+                        }
+                        _ => Response::WrongGroup,
+                    },
+                };
+                responses.push(response);
+            }
+            let row = Applied {
+                last_applied: applied.0,
+                membership: applied.1.clone(),
+                state: state.clone(),
+            };
+            txn.open_table(STATE)?
+                .insert(group, postcard::to_stdvec(&row)?.as_slice())?;
+            Ok(responses)
+        })
+    }
+
+    fn build(&self) -> Result<Snapshot<TypeConfig>, StoreError> {
+        // The log may be purged up to this snapshot: make the state durable.
+        self.store.flush()?;
+        let applied = self.applied();
+        let records = match &applied.state {
+            GroupState::Partition(partition) => self.store.read(|txn| {
+                let reader = RecordReader {
+                    table: txn.open_table(RECORDS)?,
+                    group: self.group.as_str(),
+                };
+                let mut records = Vec::new();
+                let mut offset = partition.log_start();
+                while offset < partition.high_watermark() {
+                    records.extend(reader.get(offset)?);
+                    offset = Offset(offset.0 + 1);
+                }
+                Ok(records)
+            })?,
+            GroupState::Metadata(_) => Vec::new(),
+        };
+        let snapshot_id = match applied.last_applied {
+            Some(log_id) => format!("{}-{}-{}", log_id.leader_id, log_id.index, self.group),
+            None => format!("empty-{}", self.group),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: applied.last_applied,
+            last_membership: applied.membership.clone(),
+            snapshot_id,
+        };
+        let data = postcard::to_stdvec(&SnapshotImage { applied, records })?;
+        let saved = postcard::to_stdvec(&(&meta, &data))?;
+        self.store.write(true, |txn| {
+            txn.open_table(SNAPSHOTS)?
+                .insert(self.group.as_str(), saved.as_slice())?;
+            Ok(())
+        })?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+
+    fn install(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<(), StoreError> {
+        let image: SnapshotImage = postcard::from_bytes(&data)?;
+        let group = self.group.as_str();
+        let saved = postcard::to_stdvec(&(meta, &data))?;
+        self.store.write(true, |txn| {
+            let mut records = txn.open_table(RECORDS)?;
+            records.retain_in((group, 0)..=(group, u64::MAX), |_, _| false)?;
+            for record in &image.records {
+                records.insert(
+                    (group, record.offset.0),
+                    postcard::to_stdvec(record)?.as_slice(),
+                )?;
+            }
+            txn.open_table(STATE)?
+                .insert(group, postcard::to_stdvec(&image.applied)?.as_slice())?;
+            txn.open_table(SNAPSHOTS)?.insert(group, saved.as_slice())?;
+            Ok(())
+        })?;
+        *self.last_applied.lock().expect("applied") =
+            (image.applied.last_applied, image.applied.membership);
+        *self.state.lock().expect("group state") = image.applied.state;
+        Ok(())
+    }
+
+    fn current(&self) -> Result<Option<Snapshot<TypeConfig>>, StoreError> {
+        let saved: Option<(SnapshotMeta, Vec<u8>)> = self.store.read(|txn| {
+            let value = txn.open_table(SNAPSHOTS)?.get(self.group.as_str())?;
+            Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
+        })?;
+        Ok(saved.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for GroupStateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+        self.build().map_err(snapshot_error(ErrorVerb::Write))
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for GroupStateMachine {
+    type SnapshotBuilder = GroupStateMachine;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        Ok(self.last_applied.lock().expect("applied").clone())
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        self.apply_entries(entries.into_iter().collect())
+            .map_err(sm_error(ErrorVerb::Write))
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        self.install(meta, snapshot.into_inner())
+            .map_err(snapshot_error(ErrorVerb::Write))
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+        self.current().map_err(snapshot_error(ErrorVerb::Read))
+    }
+}
