@@ -8,5 +8,6 @@
 
 pub mod clock;
 pub mod group;
+pub mod node;
 pub mod raft;
 pub mod storage;

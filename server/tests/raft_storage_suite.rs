@@ -26,6 +26,7 @@ impl StoreBuilder<TypeConfig, LogStore, GroupStateMachine, TempDir> for RedbStor
 }
 
 #[test]
+#[allow(clippy::result_large_err)]
 fn redb_store_passes_the_openraft_suite() -> Result<(), StorageError> {
     Suite::test_all(RedbStoreBuilder)
 }

@@ -49,6 +49,8 @@ pub struct GroupStateMachine {
     group: String,
     last_applied: Arc<Mutex<(Option<LogId>, StoredMembership)>>,
     state: SharedGroupState,
+    /// Woken after every applied batch (one waiter: the node's reconciler).
+    applied_notify: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// A snapshot's contents: the applied state and, for partitions, the
@@ -90,7 +92,20 @@ impl GroupStateMachine {
             group,
             last_applied: Arc::new(Mutex::new((applied.last_applied, applied.membership))),
             state: Arc::new(Mutex::new(applied.state)),
+            applied_notify: None,
         })
+    }
+
+    fn wake_watcher(&self) {
+        if let Some(notify) = &self.applied_notify {
+            notify.notify_one();
+        }
+    }
+
+    /// Wake `notify` after every applied batch.
+    pub fn notify_on_apply(mut self, notify: Arc<tokio::sync::Notify>) -> Self {
+        self.applied_notify = Some(notify);
+        self
     }
 
     /// A metadata state machine with these (cluster-wide) limits.
@@ -240,6 +255,7 @@ impl GroupStateMachine {
         *self.last_applied.lock().expect("applied") =
             (image.applied.last_applied, image.applied.membership);
         *self.state.lock().expect("group state") = image.applied.state;
+        self.wake_watcher();
         Ok(())
     }
 
@@ -273,8 +289,11 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        self.apply_entries(entries.into_iter().collect())
-            .map_err(sm_error(ErrorVerb::Write))
+        let responses = self
+            .apply_entries(entries.into_iter().collect())
+            .map_err(sm_error(ErrorVerb::Write))?;
+        self.wake_watcher();
+        Ok(responses)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {

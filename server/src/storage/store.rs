@@ -33,6 +33,8 @@ pub enum StoreError {
     Decode(#[from] postcard::Error),
     #[error("an earlier storage error stopped this store; restart the node")]
     Poisoned,
+    #[error("the store is closed: the node is shutting down")]
+    Closed,
     #[error("the partition record store is read-only here")]
     ReadOnly,
 }
@@ -57,7 +59,8 @@ from_redb!(
 
 /// The node's database, shared by every group on the node.
 pub struct NodeStore {
-    db: Database,
+    /// `None` once closed: every later operation fails with `Closed`.
+    db: Mutex<Option<Arc<Database>>>,
     pending_flush: Mutex<VecDeque<LogFlushed<TypeConfig>>>,
     flush_wanted: Notify,
     poisoned: Mutex<bool>,
@@ -101,18 +104,32 @@ impl NodeStore {
         txn.open_table(NODE)?;
         txn.commit()?;
         Ok(Arc::new(NodeStore {
-            db,
+            db: Mutex::new(Some(Arc::new(db))),
             pending_flush: Mutex::new(VecDeque::new()),
             flush_wanted: Notify::new(),
             poisoned: Mutex::new(false),
         }))
     }
 
-    pub(crate) fn db(&self) -> Result<&Database, StoreError> {
+    pub(crate) fn db(&self) -> Result<Arc<Database>, StoreError> {
         if *self.poisoned.lock().expect("poison flag") {
             return Err(StoreError::Poisoned);
         }
-        Ok(&self.db)
+        self.db
+            .lock()
+            .expect("database")
+            .clone()
+            .ok_or(StoreError::Closed)
+    }
+
+    /// Close the database: later operations fail with `Closed`. Returns a
+    /// handle that is dead once the last in-flight operation has finished
+    /// (after which the files can be opened again).
+    pub fn close(&self) -> std::sync::Weak<Database> {
+        match self.db.lock().expect("database").take() {
+            Some(db) => Arc::downgrade(&db),
+            None => std::sync::Weak::new(),
+        }
     }
 
     /// Run `write` in one write transaction and commit it, durably or not.

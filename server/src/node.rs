@@ -1,0 +1,513 @@
+//! A broker node: the metadata group, the partition groups placed here, the
+//! Raft transport server and the node's duties as metadata leader.
+//!
+//! Groups follow the metadata: after every applied metadata batch the
+//! reconciler starts the partition groups placed on this broker and stops
+//! those no longer placed here. A partition group is initialised by its
+//! preferred leader (its first replica). A restarted node reopens exactly
+//! the groups the metadata places on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_core::metadata::{MetadataCommand, MetadataState};
+use keel_core::partition::PartitionState;
+use keel_core::{BrokerId, Limits, TopicPartition};
+use keel_proto::raft::raft_transport_server::RaftTransportServer;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::BasicNode;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::clock::Clock;
+use crate::group::GroupId;
+use crate::raft::network::{GroupDirectory, GroupNetwork, Peers, TransportService};
+use crate::raft::types::{Command, NodeId, Raft, Request, Response};
+use crate::storage::{GroupState, GroupStateMachine, LogStore, NodeStore, StoreError};
+
+/// How a node is set up.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// This broker's id.
+    pub id: NodeId,
+    /// Where the Raft transport listens.
+    pub listen: SocketAddr,
+    /// The address peers use to reach this broker (`host:port`).
+    pub advertised: String,
+    /// The initial members of the metadata group, by id, with addresses.
+    /// Every broker of a new cluster gets the same map.
+    pub metadata_voters: BTreeMap<NodeId, String>,
+    /// Cluster-wide limits: every broker must be given the same ones.
+    pub limits: Limits,
+    /// openraft settings (timeouts, snapshot policy).
+    pub raft: openraft::Config,
+    /// How often the metadata leader does its duties.
+    pub duty_interval: Duration,
+}
+
+impl NodeConfig {
+    /// A config with keel's defaults for everything but the addresses.
+    pub fn new(
+        id: NodeId,
+        listen: SocketAddr,
+        advertised: String,
+        metadata_voters: BTreeMap<NodeId, String>,
+    ) -> Self {
+        let raft = openraft::Config {
+            cluster_name: "keel".to_string(),
+            heartbeat_interval: 100,
+            election_timeout_min: 400,
+            election_timeout_max: 800,
+            install_snapshot_timeout: 2_000,
+            ..openraft::Config::default()
+        };
+        NodeConfig {
+            id,
+            listen,
+            advertised,
+            metadata_voters,
+            limits: Limits::default(),
+            raft,
+            duty_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("storage: {0}")]
+    Store(#[from] StoreError),
+    #[error("openraft settings are invalid: {0}")]
+    Config(#[from] openraft::ConfigError),
+    #[error("openraft failed to start group {group}: {reason}")]
+    Raft { group: GroupId, reason: String },
+}
+
+/// Why a proposal did not commit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    #[error("group {group} is not running on this broker")]
+    GroupNotHere { group: GroupId },
+    #[error("this broker does not lead group {group}; the leader is {leader:?} at {address:?}")]
+    NotLeader {
+        group: GroupId,
+        leader: Option<NodeId>,
+        address: Option<String>,
+    },
+    #[error("group {group} failed: {reason}")]
+    Raft { group: GroupId, reason: String },
+}
+
+/// A partition group as the metadata places it.
+struct PlacedGroup {
+    /// The first replica: it initialises the group.
+    preferred_leader: NodeId,
+    members: BTreeMap<NodeId, BasicNode>,
+}
+
+#[derive(Clone)]
+struct GroupHandle {
+    raft: Raft,
+    state_machine: GroupStateMachine,
+}
+
+struct NodeInner {
+    config: NodeConfig,
+    raft_config: Arc<openraft::Config>,
+    store: Arc<NodeStore>,
+    clock: Clock,
+    peers: Peers,
+    groups: Mutex<BTreeMap<GroupId, GroupHandle>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Tells the transport server to stop (one waiter: the server).
+    stop_server: Arc<Notify>,
+    server: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl GroupDirectory for NodeInner {
+    fn raft(&self, group: &GroupId) -> Option<Raft> {
+        self.groups
+            .lock()
+            .expect("groups")
+            .get(group)
+            .map(|g| g.raft.clone())
+    }
+}
+
+/// A running broker node.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<NodeInner>,
+}
+
+impl Node {
+    /// Start a node on an opened store: the flusher, the metadata group,
+    /// the transport server, the reconciler and the leader duties.
+    pub async fn start(
+        config: NodeConfig,
+        store: Arc<NodeStore>,
+        clock: Clock,
+    ) -> Result<Node, StartError> {
+        let raft_config = Arc::new(config.raft.clone().validate()?);
+        let inner = Arc::new(NodeInner {
+            config,
+            raft_config,
+            store: store.clone(),
+            clock,
+            peers: Peers::default(),
+            groups: Mutex::new(BTreeMap::new()),
+            tasks: Mutex::new(Vec::new()),
+            stop_server: Arc::new(Notify::new()),
+            server: Mutex::new(None),
+        });
+        let node = Node { inner };
+        node.spawn(store.clone().run_flusher());
+
+        let applied = Arc::new(Notify::new());
+        let initial = GroupStateMachine::initial_metadata(node.inner.config.limits.clone());
+        let metadata_sm = GroupStateMachine::open(store, GroupId::Metadata.key(), initial)?
+            .notify_on_apply(applied.clone());
+        let metadata = node.start_group(GroupId::Metadata, metadata_sm).await?;
+
+        let service = RaftTransportServer::new(TransportService::new(node.inner.clone()));
+        let listen = node.inner.config.listen;
+        let stop = node.inner.stop_server.clone();
+        let server = tokio::spawn(async move {
+            let stopped = async move { stop.notified().await };
+            if let Err(error) = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_shutdown(listen, stopped)
+                .await
+            {
+                tracing::error!(%error, %listen, "Raft transport server stopped");
+            }
+        });
+        *node.inner.server.lock().expect("server") = Some(server);
+
+        if node.inner.config.metadata_voters.contains_key(&node.id()) {
+            let voters: BTreeMap<NodeId, BasicNode> = node
+                .inner
+                .config
+                .metadata_voters
+                .iter()
+                .map(|(id, address)| {
+                    (
+                        *id,
+                        BasicNode {
+                            addr: address.clone(),
+                        },
+                    )
+                })
+                .collect();
+            // Every voter proposes the same initial membership; openraft
+            // refuses all but the first on an initialised log.
+            if let Err(error) = metadata.initialize(voters).await {
+                tracing::debug!(%error, "metadata group already initialised");
+            }
+        }
+        let reconciler = node.clone();
+        node.spawn(async move { reconciler.reconcile_forever(applied).await });
+        let duties = node.clone();
+        node.spawn(async move { duties.leader_duties_forever().await });
+        Ok(node)
+    }
+
+    /// This broker's id.
+    pub fn id(&self) -> NodeId {
+        self.inner.config.id
+    }
+
+    /// The node's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.inner.clock
+    }
+
+    fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let handle = tokio::spawn(task);
+        self.inner.tasks.lock().expect("tasks").push(handle);
+    }
+
+    async fn start_group(
+        &self,
+        group: GroupId,
+        state_machine: GroupStateMachine,
+    ) -> Result<Raft, StartError> {
+        let log = LogStore::new(self.inner.store.clone(), group.key());
+        let network = GroupNetwork::new(&group, self.inner.peers.clone());
+        let raft = Raft::new(
+            self.id(),
+            self.inner.raft_config.clone(),
+            network,
+            log,
+            state_machine.clone(),
+        )
+        .await
+        .map_err(|e| StartError::Raft {
+            group: group.clone(),
+            reason: e.to_string(),
+        })?;
+        self.inner.groups.lock().expect("groups").insert(
+            group,
+            GroupHandle {
+                raft: raft.clone(),
+                state_machine,
+            },
+        );
+        Ok(raft)
+    }
+
+    /// The Raft handle of a group running here.
+    pub fn raft(&self, group: &GroupId) -> Option<Raft> {
+        self.inner.raft(group)
+    }
+
+    /// The groups running here.
+    pub fn groups(&self) -> Vec<GroupId> {
+        self.inner
+            .groups
+            .lock()
+            .expect("groups")
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// A copy of this replica's metadata state.
+    pub fn metadata(&self) -> MetadataState {
+        let groups = self.inner.groups.lock().expect("groups");
+        let state = groups[&GroupId::Metadata].state_machine.state();
+        let state = state.lock().expect("metadata state");
+        match &*state {
+            GroupState::Metadata(metadata) => metadata.clone(),
+            GroupState::Partition(_) => {
+                unreachable!("the metadata group runs the metadata state machine")
+            }
+        }
+    }
+
+    /// A copy of this replica's state of a partition, if it is hosted here.
+    pub fn partition(&self, partition: &TopicPartition) -> Option<PartitionState> {
+        let handle = self
+            .inner
+            .groups
+            .lock()
+            .expect("groups")
+            .get(&GroupId::Partition(partition.clone()))
+            .cloned()?;
+        let state = handle.state_machine.state();
+        let state = state.lock().expect("partition state");
+        match &*state {
+            GroupState::Partition(partition) => Some(partition.clone()),
+            GroupState::Metadata(_) => None,
+        }
+    }
+
+    /// Read committed records of a partition hosted here.
+    pub fn read_partition<T>(
+        &self,
+        partition: &TopicPartition,
+        read: impl FnOnce(&PartitionState, &crate::storage::RecordReader<'_>) -> T,
+    ) -> Option<T> {
+        let handle = self
+            .inner
+            .groups
+            .lock()
+            .expect("groups")
+            .get(&GroupId::Partition(partition.clone()))
+            .cloned()?;
+        handle.state_machine.with_records(read).ok().flatten()
+    }
+
+    /// Propose a command to a group this broker leads; the leader stamps its
+    /// own time on it. Returns the applied outcome.
+    pub async fn propose(
+        &self,
+        group: &GroupId,
+        command: Command,
+    ) -> Result<Response, ProposeError> {
+        let raft = self.raft(group).ok_or_else(|| ProposeError::GroupNotHere {
+            group: group.clone(),
+        })?;
+        let request = Request {
+            at: self.inner.clock.now(),
+            command,
+        };
+        match raft.client_write(request).await {
+            Ok(written) => Ok(written.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                Err(ProposeError::NotLeader {
+                    group: group.clone(),
+                    leader: forward.leader_id,
+                    address: forward.leader_node.map(|n| n.addr),
+                })
+            }
+            Err(error) => Err(ProposeError::Raft {
+                group: group.clone(),
+                reason: error.to_string(),
+            }),
+        }
+    }
+
+    /// The partition groups the metadata places on this broker.
+    fn placed_here(&self) -> BTreeMap<GroupId, PlacedGroup> {
+        let metadata = self.metadata();
+        let mut placed = BTreeMap::new();
+        for (topic, info) in metadata.topics() {
+            for (index, placement) in info.partitions.iter().enumerate() {
+                if !placement.replicas.contains(&BrokerId(self.id())) {
+                    continue;
+                }
+                let members = placement
+                    .replicas
+                    .iter()
+                    .map(|b| {
+                        (
+                            b.0,
+                            BasicNode {
+                                addr: metadata
+                                    .brokers()
+                                    .get(b)
+                                    .map(|i| i.address.clone())
+                                    .unwrap_or_default(),
+                            },
+                        )
+                    })
+                    .collect();
+                let preferred_leader = placement.preferred_leader().map_or(0, |b| b.0);
+                let tp =
+                    TopicPartition::new(topic.clone(), keel_core::PartitionIndex(index as u32));
+                placed.insert(
+                    GroupId::Partition(tp),
+                    PlacedGroup {
+                        preferred_leader,
+                        members,
+                    },
+                );
+            }
+        }
+        placed
+    }
+
+    async fn reconcile_forever(&self, applied: Arc<Notify>) {
+        loop {
+            if let Err(error) = self.reconcile().await {
+                tracing::error!(%error, "could not start a partition group");
+            }
+            applied.notified().await;
+        }
+    }
+
+    /// Start the partition groups placed here that are not running; stop
+    /// those running here that are no longer placed here.
+    async fn reconcile(&self) -> Result<(), StartError> {
+        let placed = self.placed_here();
+        let running: BTreeSet<GroupId> = self
+            .groups()
+            .into_iter()
+            .filter(|g| *g != GroupId::Metadata)
+            .collect();
+        for (group, placement) in &placed {
+            if running.contains(group) {
+                continue;
+            }
+            let limits = self.metadata().limits().clone();
+            let state_machine = GroupStateMachine::open(
+                self.inner.store.clone(),
+                group.key(),
+                GroupStateMachine::initial_partition(limits),
+            )?;
+            let raft = self.start_group(group.clone(), state_machine).await?;
+            if placement.preferred_leader == self.id() {
+                if let Err(error) = raft.initialize(placement.members.clone()).await {
+                    tracing::debug!(%error, %group, "partition group already initialised");
+                }
+            }
+        }
+        for group in running.difference(&placed.keys().cloned().collect()) {
+            let handle = self.inner.groups.lock().expect("groups").remove(group);
+            if let Some(handle) = handle {
+                let _ = handle.raft.shutdown().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// While this broker leads the metadata group: register the configured
+    /// brokers that are not registered yet.
+    async fn leader_duties_forever(&self) {
+        loop {
+            tokio::time::sleep(self.inner.config.duty_interval).await;
+            let Some(metadata) = self.raft(&GroupId::Metadata) else {
+                continue;
+            };
+            if metadata.current_leader().await != Some(self.id()) {
+                continue;
+            }
+            let registered = self.metadata().brokers().clone();
+            for (id, address) in &self.inner.config.metadata_voters {
+                if registered
+                    .get(&BrokerId(*id))
+                    .is_some_and(|b| &b.address == address)
+                {
+                    continue;
+                }
+                let command = Command::Metadata(MetadataCommand::RegisterBroker {
+                    broker: BrokerId(*id),
+                    address: address.clone(),
+                });
+                if let Err(error) = self.propose(&GroupId::Metadata, command).await {
+                    tracing::debug!(%error, "could not register broker {id} yet");
+                }
+            }
+        }
+    }
+
+    /// Stop the node: its groups, the server and every task. The store is
+    /// released once the last handle is dropped.
+    pub async fn shutdown(&self) {
+        // Stop the server first, closing its connections, so that peers
+        // reconnect to whatever runs on this address next.
+        self.inner.stop_server.notify_one();
+        let server = self.inner.server.lock().expect("server").take();
+        if let Some(server) = server {
+            if tokio::time::timeout(Duration::from_secs(5), server)
+                .await
+                .is_err()
+            {
+                tracing::warn!(node = self.id(), "transport server did not stop within 5 s");
+            }
+        }
+        let groups: Vec<GroupHandle> = self
+            .inner
+            .groups
+            .lock()
+            .expect("groups")
+            .values()
+            .cloned()
+            .collect();
+        for group in groups {
+            let _ = group.raft.shutdown().await;
+        }
+        for task in self.inner.tasks.lock().expect("tasks").drain(..) {
+            task.abort();
+        }
+        self.inner.groups.lock().expect("groups").clear();
+        // Stopped Raft workers may still hold the store: close the database
+        // under them, and wait for in-flight operations to finish, so the
+        // files can be opened again at once.
+        let database = self.inner.store.close();
+        for _ in 0..500 {
+            if database.strong_count() == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tracing::warn!(
+            node = self.id(),
+            "node stopped but its store is still in use"
+        );
+    }
+}

@@ -1,0 +1,252 @@
+//! The Raft transport between brokers: one gRPC service carries every
+//! group's AppendEntries, Vote and snapshot chunks, over one channel per
+//! peer, with the group named in each request.
+//!
+//! Each RPC carries openraft's deadline (`RPCOption::hard_ttl`), so a
+//! partitioned peer costs a group one timeout per attempt, then openraft's
+//! backoff; other groups replicate over their own requests and are not held
+//! up. A request for a group that is not running here (yet) fails with
+//! `NotFound`, which the sender treats as unreachable and retries later.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_proto::raft::raft_transport_client::RaftTransportClient;
+use keel_proto::raft::raft_transport_server::RaftTransport;
+use keel_proto::raft::{RaftReply, RaftRequest};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use super::types::{NodeId, Raft, TypeConfig};
+use crate::group::GroupId;
+
+/// Channels to peers, one per peer address, shared by every group.
+#[derive(Debug, Clone, Default)]
+pub struct Peers {
+    channels: Arc<Mutex<BTreeMap<String, Channel>>>,
+}
+
+/// A transport failure before the peer answered.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("peer address {address:?} is not usable: {reason}")]
+    BadAddress { address: String, reason: String },
+    #[error("the peer answered {0}")]
+    Status(#[from] tonic::Status),
+    #[error("a message did not encode or decode: {0}")]
+    Codec(#[from] postcard::Error),
+}
+
+impl Peers {
+    fn channel(&self, address: &str) -> Result<Channel, TransportError> {
+        let mut channels = self.channels.lock().expect("peer channels");
+        if let Some(channel) = channels.get(address) {
+            return Ok(channel.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| TransportError::BadAddress {
+                address: address.to_string(),
+                reason: e.to_string(),
+            })?
+            .connect_timeout(Duration::from_millis(500));
+        let channel = endpoint.connect_lazy();
+        channels.insert(address.to_string(), channel.clone());
+        Ok(channel)
+    }
+}
+
+/// Builds per-peer clients for one group.
+#[derive(Debug, Clone)]
+pub struct GroupNetwork {
+    group: String,
+    peers: Peers,
+}
+
+impl GroupNetwork {
+    pub fn new(group: &GroupId, peers: Peers) -> Self {
+        GroupNetwork {
+            group: group.key(),
+            peers,
+        }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
+        PeerClient {
+            group: self.group.clone(),
+            peers: self.peers.clone(),
+            target,
+            address: node.addr.clone(),
+        }
+    }
+}
+
+/// One group's client for one peer.
+#[derive(Debug)]
+pub struct PeerClient {
+    group: String,
+    peers: Peers,
+    target: NodeId,
+    address: String,
+}
+
+/// Which RPC to call.
+#[derive(Debug, Clone, Copy)]
+enum Rpc {
+    AppendEntries,
+    Vote,
+    InstallSnapshot,
+}
+
+impl PeerClient {
+    async fn call<
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    >(
+        &self,
+        rpc: Rpc,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Result<Resp, RaftError<NodeId, E>>, TransportError> {
+        let channel = self.peers.channel(&self.address)?;
+        let mut client = RaftTransportClient::new(channel);
+        let mut message = tonic::Request::new(RaftRequest {
+            group: self.group.clone(),
+            payload: postcard::to_stdvec(request)?,
+        });
+        message.set_timeout(option.hard_ttl());
+        let reply = match rpc {
+            Rpc::AppendEntries => client.append_entries(message).await?,
+            Rpc::Vote => client.vote(message).await?,
+            Rpc::InstallSnapshot => client.install_snapshot(message).await?,
+        };
+        Ok(postcard::from_bytes(&reply.into_inner().payload)?)
+    }
+
+    // openraft's error types are large; they are its API, not ours.
+    #[allow(clippy::result_large_err)]
+    fn to_rpc_error<T, E: std::error::Error>(
+        &self,
+        result: Result<Result<T, RaftError<NodeId, E>>, TransportError>,
+    ) -> RpcResult<T, E> {
+        match result {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new(self.target, remote))),
+            Err(TransportError::Codec(e)) => Err(RPCError::Network(NetworkError::new(&e))),
+            Err(e) => Err(RPCError::Unreachable(Unreachable::new(&e))),
+        }
+    }
+}
+
+type RpcResult<T, E = openraft::error::Infallible> =
+    Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>> {
+        let result = self.call(Rpc::AppendEntries, &rpc, &option).await;
+        self.to_rpc_error(result)
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        let result = self.call(Rpc::InstallSnapshot, &rpc, &option).await;
+        self.to_rpc_error(result)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>> {
+        let result = self.call(Rpc::Vote, &rpc, &option).await;
+        self.to_rpc_error(result)
+    }
+}
+
+/// The groups running on this node, by key, for the transport service.
+pub trait GroupDirectory: Send + Sync + 'static {
+    /// The Raft handle of a group running here.
+    fn raft(&self, group: &GroupId) -> Option<Raft>;
+}
+
+/// The server side of the transport: routes each request to its group.
+pub struct TransportService<D> {
+    directory: Arc<D>,
+}
+
+impl<D: GroupDirectory> TransportService<D> {
+    pub fn new(directory: Arc<D>) -> Self {
+        TransportService { directory }
+    }
+
+    fn group(&self, request: &RaftRequest) -> Result<Raft, tonic::Status> {
+        let group = GroupId::parse(&request.group)
+            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        self.directory.raft(&group).ok_or_else(|| {
+            tonic::Status::not_found(format!("group {group} is not running on this broker yet"))
+        })
+    }
+}
+
+fn decode<T: DeserializeOwned>(request: &RaftRequest) -> Result<T, tonic::Status> {
+    postcard::from_bytes(&request.payload)
+        .map_err(|e| tonic::Status::invalid_argument(format!("undecodable Raft message: {e}")))
+}
+
+fn reply<T: Serialize>(result: &T) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+    let payload = postcard::to_stdvec(result)
+        .map_err(|e| tonic::Status::internal(format!("reply did not encode: {e}")))?;
+    Ok(tonic::Response::new(RaftReply { payload }))
+}
+
+#[tonic::async_trait]
+impl<D: GroupDirectory> RaftTransport for TransportService<D> {
+    async fn append_entries(
+        &self,
+        request: tonic::Request<RaftRequest>,
+    ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let request = request.into_inner();
+        let raft = self.group(&request)?;
+        reply(&raft.append_entries(decode(&request)?).await)
+    }
+
+    async fn vote(
+        &self,
+        request: tonic::Request<RaftRequest>,
+    ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let request = request.into_inner();
+        let raft = self.group(&request)?;
+        reply(&raft.vote(decode(&request)?).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: tonic::Request<RaftRequest>,
+    ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let request = request.into_inner();
+        let raft = self.group(&request)?;
+        reply(&raft.install_snapshot(decode(&request)?).await)
+    }
+}
