@@ -17,6 +17,7 @@
 //!   state machine is made durable.
 //! - After any storage error the store refuses further work (fatal).
 
+pub mod crash_disk;
 mod log_store;
 mod records;
 mod state_machine;
