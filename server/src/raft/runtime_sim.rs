@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use openraft::async_runtime::{AsyncRuntime, TokioOneShotSender};
-use openraft::{Instant as _, OptionalSend, TokioInstant};
+use openraft::{OptionalSend, TokioInstant};
 
 /// openraft's runtime under `cfg(madsim)`.
 #[derive(Debug, Default, PartialEq, Eq)]
