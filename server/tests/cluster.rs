@@ -28,8 +28,18 @@ fn free_port() -> u16 {
 }
 
 async fn start(id: u64, dir: &TempDir, voters: &BTreeMap<u64, String>) -> Node {
+    start_with(id, dir, voters, |_| {}).await
+}
+
+async fn start_with(
+    id: u64,
+    dir: &TempDir,
+    voters: &BTreeMap<u64, String>,
+    adjust: impl FnOnce(&mut NodeConfig),
+) -> Node {
     let address = voters[&id].clone();
-    let config = NodeConfig::new(id, address.parse().unwrap(), address, voters.clone());
+    let mut config = NodeConfig::new(id, address.parse().unwrap(), address, voters.clone());
+    adjust(&mut config);
     let store = NodeStore::open(dir.path()).unwrap();
     Node::start(config, store, Clock::system()).await.unwrap()
 }
@@ -185,6 +195,96 @@ async fn three_brokers_commit_survive_a_kill_and_catch_up_after_restart() {
     assert_eq!(
         values,
         (0..20).map(|i| format!("record-{i}")).collect::<Vec<_>>()
+    );
+    for node in nodes.iter().flatten() {
+        node.shutdown().await;
+    }
+}
+
+/// A broker that was down while the others snapshotted and purged their
+/// logs catches up by installing a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_broker_catches_up_by_snapshot() {
+    let snapshot_often = |config: &mut NodeConfig| {
+        config.raft.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(10);
+        config.raft.max_in_snapshot_log_to_keep = 0;
+        config.raft.purge_batch_size = 1;
+    };
+    let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
+    let voters: BTreeMap<u64, String> = (1..=3)
+        .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+        .collect();
+    let mut nodes = Vec::new();
+    for id in 1..=3 {
+        nodes.push(Some(
+            start_with(id, &dirs[id as usize - 1], &voters, snapshot_often).await,
+        ));
+    }
+    eventually("all brokers registered", || {
+        nodes[0].as_ref().unwrap().metadata().brokers().len() == 3
+    })
+    .await;
+    let create = MetadataCommand::CreateTopic {
+        topic: "logs".into(),
+        partitions: 1,
+        replication_factor: 3,
+        retention: RetentionPolicy::default(),
+    };
+    propose(&nodes, &GroupId::Metadata, Command::Metadata(create)).await;
+    let partition = TopicPartition::new(TopicName::new("logs").unwrap(), PartitionIndex(0));
+    let group = GroupId::Partition(partition.clone());
+    eventually("partition groups on every broker", || {
+        nodes.iter().flatten().all(|n| n.groups().contains(&group))
+    })
+    .await;
+
+    // Broker 3 goes down; the others write on, snapshot and purge.
+    nodes[2].take().unwrap().shutdown().await;
+    for sequence in 0..60 {
+        propose(
+            &nodes,
+            &group,
+            append(9, sequence, &format!("entry-{sequence}")),
+        )
+        .await;
+    }
+    let purged = |node: &Node| {
+        node.raft(&group)
+            .unwrap()
+            .metrics()
+            .borrow()
+            .purged
+            .map_or(0, |p| p.index)
+    };
+    eventually("the live brokers purged their logs", || {
+        nodes.iter().flatten().all(|n| purged(n) >= 40)
+    })
+    .await;
+
+    nodes[2] = Some(start_with(3, &dirs[2], &voters, snapshot_often).await);
+    let restarted = nodes[2].clone().unwrap();
+    eventually("broker 3 caught up", || {
+        restarted
+            .partition(&partition)
+            .is_some_and(|p| p.high_watermark() == Offset(60))
+    })
+    .await;
+    let snapshot = restarted.raft(&group).unwrap().metrics().borrow().snapshot;
+    assert!(
+        snapshot.is_some_and(|s| s.index >= 40),
+        "broker 3 installed a snapshot: {snapshot:?}"
+    );
+    let values = restarted
+        .read_partition(&partition, |state, log| {
+            state.read(log, Offset(0), 100, u64::MAX).unwrap()
+        })
+        .unwrap()
+        .into_iter()
+        .map(|r| String::from_utf8(r.record.value).unwrap())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        values,
+        (0..60).map(|i| format!("entry-{i}")).collect::<Vec<_>>()
     );
     for node in nodes.iter().flatten() {
         node.shutdown().await;
