@@ -8,6 +8,8 @@
 
 pub mod clock;
 pub mod group;
+#[cfg(not(madsim))]
+pub mod local_cluster;
 pub mod node;
 pub mod raft;
 pub mod storage;
