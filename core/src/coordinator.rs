@@ -64,17 +64,14 @@ impl GroupSessions {
     /// timeout from `now`) and drop sessions of members that are gone.
     /// Call after every applied metadata command.
     pub fn sync(&mut self, metadata: &MetadataState, now: TimestampMs) {
-        self.sessions
-            .retain(|group, _| metadata.group(group).is_some_and(|g| !g.members.is_empty()));
+        self.sessions.retain(|group, _| metadata.group(group).is_some_and(|g| !g.members.is_empty()));
         for (group, info) in metadata.groups() {
             if info.members.is_empty() {
                 continue;
             }
             let sessions = self.sessions.entry(group.clone()).or_default();
             sessions.retain(|member, session| {
-                info.members
-                    .get(member)
-                    .is_some_and(|m| m.member_epoch == session.member_epoch)
+                info.members.get(member).is_some_and(|m| m.member_epoch == session.member_epoch)
             });
             for (member, member_info) in &info.members {
                 sessions.entry(member.clone()).or_insert(Session {
@@ -96,30 +93,18 @@ impl GroupSessions {
         now: TimestampMs,
     ) -> Result<HeartbeatReply, HeartbeatError> {
         let Some(info) = metadata.group(group) else {
-            return Err(HeartbeatError::UnknownGroup {
-                group: group.clone(),
-            });
+            return Err(HeartbeatError::UnknownGroup { group: group.clone() });
         };
         let Some(member_info) = info.members.get(member) else {
-            return Err(HeartbeatError::UnknownMember {
-                group: group.clone(),
-                member: member.clone(),
-            });
+            return Err(HeartbeatError::UnknownMember { group: group.clone(), member: member.clone() });
         };
-        let session = Session {
-            member_epoch: member_info.member_epoch,
-            deadline: now.plus_ms(member_info.session_timeout_ms),
-        };
-        self.sessions
-            .entry(group.clone())
-            .or_default()
-            .insert(member.clone(), session);
+        let session =
+            Session { member_epoch: member_info.member_epoch, deadline: now.plus_ms(member_info.session_timeout_ms) };
+        self.sessions.entry(group.clone()).or_default().insert(member.clone(), session);
         if generation == info.generation {
             Ok(HeartbeatReply::Current { generation })
         } else {
-            Ok(HeartbeatReply::RebalanceRequired {
-                generation: info.generation,
-            })
+            Ok(HeartbeatReply::RebalanceRequired { generation: info.generation })
         }
     }
 
@@ -134,21 +119,15 @@ impl GroupSessions {
                     .filter(|(_, s)| s.deadline <= now)
                     .map(|(member, s)| (member.as_str().to_string(), s.member_epoch))
                     .collect();
-                (!members.is_empty()).then(|| MetadataCommand::ExpireMembers {
-                    group: group.as_str().to_string(),
-                    members,
-                })
+                (!members.is_empty())
+                    .then(|| MetadataCommand::ExpireMembers { group: group.as_str().to_string(), members })
             })
             .collect()
     }
 
     /// The earliest session deadline: when to call [`Self::expired`] next.
     pub fn next_deadline(&self) -> Option<TimestampMs> {
-        self.sessions
-            .values()
-            .flat_map(|s| s.values())
-            .map(|s| s.deadline)
-            .min()
+        self.sessions.values().flat_map(|s| s.values()).map(|s| s.deadline).min()
     }
 }
 
@@ -173,9 +152,7 @@ mod tests {
         commands
             .iter()
             .flat_map(|c| match c {
-                MetadataCommand::ExpireMembers { members, .. } => {
-                    members.iter().map(|(m, _)| m.clone()).collect()
-                }
+                MetadataCommand::ExpireMembers { members, .. } => members.iter().map(|(m, _)| m.clone()).collect(),
                 _ => vec![],
             })
             .collect()
@@ -187,10 +164,7 @@ mod tests {
         metadata
             .apply(
                 TimestampMs(0),
-                &MetadataCommand::RegisterBroker {
-                    broker: crate::BrokerId(1),
-                    address: "b1:1".into(),
-                },
+                &MetadataCommand::RegisterBroker { broker: crate::BrokerId(1), address: "b1:1".into() },
             )
             .unwrap();
         let create = MetadataCommand::CreateTopic {
@@ -207,9 +181,7 @@ mod tests {
         assert_eq!(sessions.next_deadline(), Some(TimestampMs(10_000)));
         let (group, a) = (GroupName::new("g").unwrap(), MemberId::new("a").unwrap());
         let generation = metadata.group(&group).unwrap().generation;
-        let reply = sessions
-            .heartbeat(&metadata, &group, &a, generation, TimestampMs(9_000))
-            .unwrap();
+        let reply = sessions.heartbeat(&metadata, &group, &a, generation, TimestampMs(9_000)).unwrap();
         assert_eq!(reply, HeartbeatReply::Current { generation });
         assert!(sessions.expired(TimestampMs(9_999)).is_empty());
         let expired = sessions.expired(TimestampMs(10_000));
@@ -219,15 +191,8 @@ mod tests {
         }
         sessions.sync(&metadata, TimestampMs(10_000));
         assert_eq!(sessions.next_deadline(), Some(TimestampMs(19_000)));
-        let stale = sessions
-            .heartbeat(&metadata, &group, &a, Generation(0), TimestampMs(10_001))
-            .unwrap();
-        assert_eq!(
-            stale,
-            HeartbeatReply::RebalanceRequired {
-                generation: metadata.group(&group).unwrap().generation
-            }
-        );
+        let stale = sessions.heartbeat(&metadata, &group, &a, Generation(0), TimestampMs(10_001)).unwrap();
+        assert_eq!(stale, HeartbeatReply::RebalanceRequired { generation: metadata.group(&group).unwrap().generation });
     }
 
     #[test]
@@ -237,10 +202,7 @@ mod tests {
         let mut sessions = GroupSessions::new();
         sessions.grant_fresh_sessions(&metadata, TimestampMs(50_000));
         assert!(sessions.expired(TimestampMs(59_999)).is_empty());
-        assert_eq!(
-            names(&sessions.expired(TimestampMs(60_000))),
-            vec!["a".to_string()]
-        );
+        assert_eq!(names(&sessions.expired(TimestampMs(60_000))), vec!["a".to_string()]);
     }
 
     #[test]
@@ -268,13 +230,7 @@ mod tests {
         let expired = sessions.expired(TimestampMs(10_000));
         // The member leaves and rejoins before the expiry is applied.
         metadata
-            .apply(
-                TimestampMs(10_000),
-                &MetadataCommand::LeaveGroup {
-                    group: "g".into(),
-                    member: "a".into(),
-                },
-            )
+            .apply(TimestampMs(10_000), &MetadataCommand::LeaveGroup { group: "g".into(), member: "a".into() })
             .unwrap();
         join(&mut metadata, "a", 10_000);
         for command in &expired {
@@ -283,13 +239,6 @@ mod tests {
                 matches!(outcome, crate::metadata::MetadataOutcome::MembersExpired { ref expired, .. } if expired.is_empty())
             );
         }
-        assert_eq!(
-            metadata
-                .group(&GroupName::new("g").unwrap())
-                .unwrap()
-                .members
-                .len(),
-            1
-        );
+        assert_eq!(metadata.group(&GroupName::new("g").unwrap()).unwrap().members.len(), 1);
     }
 }

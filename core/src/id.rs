@@ -36,22 +36,13 @@ fn validate_name(kind: &str, name: &str) -> Result<(), NameError> {
         return Err(NameError::Empty { kind });
     }
     if name.len() > NAME_BYTES_MAX {
-        return Err(NameError::TooLong {
-            kind,
-            len: name.chars().count(),
-        });
+        return Err(NameError::TooLong { kind, len: name.chars().count() });
     }
-    if let Some(found) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
-    {
+    if let Some(found) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
         return Err(NameError::IllegalCharacter { kind, found });
     }
     if name == "." || name == ".." {
-        return Err(NameError::Reserved {
-            kind,
-            name: name.to_string(),
-        });
+        return Err(NameError::Reserved { kind, name: name.to_string() });
     }
     Ok(())
 }
@@ -206,13 +197,7 @@ mod tests {
 
     #[test]
     fn legal_names_are_accepted() {
-        for name in [
-            "a",
-            "orders",
-            "orders.v2",
-            "A_b-C.9",
-            &"x".repeat(NAME_BYTES_MAX),
-        ] {
+        for name in ["a", "orders", "orders.v2", "A_b-C.9", &"x".repeat(NAME_BYTES_MAX)] {
             assert_eq!(TopicName::new(name).unwrap().as_str(), name);
         }
     }
@@ -220,22 +205,10 @@ mod tests {
     #[test]
     fn illegal_names_are_refused_with_a_reason() {
         assert!(matches!(TopicName::new(""), Err(NameError::Empty { .. })));
-        assert!(matches!(
-            TopicName::new("x".repeat(NAME_BYTES_MAX + 1)),
-            Err(NameError::TooLong { len: 250, .. })
-        ));
-        assert!(matches!(
-            GroupName::new("a/b"),
-            Err(NameError::IllegalCharacter { found: '/', .. })
-        ));
-        assert!(matches!(
-            MemberId::new("é"),
-            Err(NameError::IllegalCharacter { found: 'é', .. })
-        ));
-        assert!(matches!(
-            TopicName::new(".."),
-            Err(NameError::Reserved { .. })
-        ));
+        assert!(matches!(TopicName::new("x".repeat(NAME_BYTES_MAX + 1)), Err(NameError::TooLong { len: 250, .. })));
+        assert!(matches!(GroupName::new("a/b"), Err(NameError::IllegalCharacter { found: '/', .. })));
+        assert!(matches!(MemberId::new("é"), Err(NameError::IllegalCharacter { found: 'é', .. })));
+        assert!(matches!(TopicName::new(".."), Err(NameError::Reserved { .. })));
         let message = TopicName::new("a b").unwrap_err().to_string();
         assert!(message.contains("[A-Za-z0-9._-]"), "{message}");
     }
@@ -243,11 +216,6 @@ mod tests {
     #[test]
     fn deserialising_an_illegal_name_fails() {
         assert!(serde_json::from_str::<TopicName>("\"a b\"").is_err());
-        assert_eq!(
-            serde_json::from_str::<TopicName>("\"ab\"")
-                .unwrap()
-                .as_str(),
-            "ab"
-        );
+        assert_eq!(serde_json::from_str::<TopicName>("\"ab\"").unwrap().as_str(), "ab");
     }
 }

@@ -10,10 +10,7 @@
 pub struct InvariantViolation(pub String);
 
 /// Fail with `describe()` unless `condition` holds.
-pub(crate) fn ensure(
-    condition: bool,
-    describe: impl FnOnce() -> String,
-) -> Result<(), InvariantViolation> {
+pub(crate) fn ensure(condition: bool, describe: impl FnOnce() -> String) -> Result<(), InvariantViolation> {
     if condition {
         Ok(())
     } else {

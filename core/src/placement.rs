@@ -58,11 +58,10 @@ impl PlacementLoad {
 pub enum PlacementError {
     #[error("replication factor must be at least 1")]
     ZeroReplicationFactor,
-    #[error("replication factor {replication_factor} exceeds the {brokers} registered brokers: add brokers or lower it")]
-    NotEnoughBrokers {
-        replication_factor: u32,
-        brokers: u32,
-    },
+    #[error(
+        "replication factor {replication_factor} exceeds the {brokers} registered brokers: add brokers or lower it"
+    )]
+    NotEnoughBrokers { replication_factor: u32, brokers: u32 },
 }
 
 /// Place `partition_count` partitions with `replication_factor` replicas on
@@ -79,21 +78,16 @@ pub fn place_partitions(
     let ring: Vec<BrokerId> = brokers.iter().copied().collect();
     let broker_count = ring.len() as u64;
     if u64::from(replication_factor) > broker_count {
-        return Err(PlacementError::NotEnoughBrokers {
-            replication_factor,
-            brokers: broker_count as u32,
-        });
+        return Err(PlacementError::NotEnoughBrokers { replication_factor, brokers: broker_count as u32 });
     }
     let mut load = load.clone();
     let mut placements = Vec::with_capacity(partition_count as usize);
     for _ in 0..partition_count {
         let start = load.replicas_placed % broker_count;
-        let mut replicas: Vec<BrokerId> = (0..u64::from(replication_factor))
-            .map(|slot| ring[((start + slot) % broker_count) as usize])
-            .collect();
-        let leader_position = (0..replicas.len())
-            .min_by_key(|&i| (load.leaders.get(&replicas[i]).copied().unwrap_or(0), i))
-            .unwrap_or(0);
+        let mut replicas: Vec<BrokerId> =
+            (0..u64::from(replication_factor)).map(|slot| ring[((start + slot) % broker_count) as usize]).collect();
+        let leader_position =
+            (0..replicas.len()).min_by_key(|&i| (load.leaders.get(&replicas[i]).copied().unwrap_or(0), i)).unwrap_or(0);
         replicas.swap(0, leader_position);
         let placement = PartitionPlacement { replicas };
         load.add(std::slice::from_ref(&placement));
@@ -113,44 +107,29 @@ mod tests {
     }
 
     fn ids(placements: &[PartitionPlacement]) -> Vec<Vec<u64>> {
-        placements
-            .iter()
-            .map(|p| p.replicas.iter().map(|b| b.0).collect())
-            .collect()
+        placements.iter().map(|p| p.replicas.iter().map(|b| b.0).collect()).collect()
     }
 
     #[test]
     fn a_small_topic_is_dealt_round_the_ring() {
         let placed = place_partitions(&brokers(3), &PlacementLoad::default(), 4, 2).unwrap();
-        assert_eq!(
-            ids(&placed),
-            vec![vec![1, 8], vec![15, 1], vec![8, 15], vec![1, 8]]
-        );
+        assert_eq!(ids(&placed), vec![vec![1, 8], vec![15, 1], vec![8, 15], vec![1, 8]]);
         assert_eq!(placed[1].preferred_leader(), Some(BrokerId(15)));
     }
 
     #[test]
     fn impossible_placements_are_refused() {
         let empty = PlacementLoad::default();
-        assert_eq!(
-            place_partitions(&brokers(3), &empty, 1, 0),
-            Err(PlacementError::ZeroReplicationFactor)
-        );
+        assert_eq!(place_partitions(&brokers(3), &empty, 1, 0), Err(PlacementError::ZeroReplicationFactor));
         assert_eq!(
             place_partitions(&brokers(2), &empty, 1, 3),
-            Err(PlacementError::NotEnoughBrokers {
-                replication_factor: 3,
-                brokers: 2
-            })
+            Err(PlacementError::NotEnoughBrokers { replication_factor: 3, brokers: 2 })
         );
         assert!(place_partitions(&BTreeSet::new(), &empty, 1, 1).is_err());
     }
 
     fn spread(counts: &BTreeMap<BrokerId, u64>, brokers: &BTreeSet<BrokerId>) -> u64 {
-        let all: Vec<u64> = brokers
-            .iter()
-            .map(|b| counts.get(b).copied().unwrap_or(0))
-            .collect();
+        let all: Vec<u64> = brokers.iter().map(|b| counts.get(b).copied().unwrap_or(0)).collect();
         all.iter().max().unwrap() - all.iter().min().unwrap()
     }
 

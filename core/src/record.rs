@@ -29,21 +29,14 @@ pub struct Record {
 impl Record {
     /// A record with just a value.
     pub fn from_value(value: impl Into<Vec<u8>>) -> Self {
-        Record {
-            value: value.into(),
-            ..Record::default()
-        }
+        Record { value: value.into(), ..Record::default() }
     }
 
     /// The size that limits and retention count: key, value, header keys and
     /// header values, in bytes.
     pub fn size_bytes(&self) -> u64 {
         let key = self.key.as_ref().map_or(0, Vec::len);
-        let headers: usize = self
-            .headers
-            .iter()
-            .map(|h| h.key.len() + h.value.len())
-            .sum();
+        let headers: usize = self.headers.iter().map(|h| h.key.len() + h.value.len()).sum();
         (key + self.value.len() + headers) as u64
     }
 
@@ -51,17 +44,11 @@ impl Record {
     pub fn validate(&self, limits: &Limits) -> Result<(), RecordError> {
         let key_bytes = self.key.as_ref().map_or(0, Vec::len) as u64;
         if key_bytes > u64::from(limits.record_key_bytes_max) {
-            return Err(RecordError::KeyTooLarge {
-                bytes: key_bytes,
-                max: limits.record_key_bytes_max,
-            });
+            return Err(RecordError::KeyTooLarge { bytes: key_bytes, max: limits.record_key_bytes_max });
         }
         let value_bytes = self.value.len() as u64;
         if value_bytes > u64::from(limits.record_value_bytes_max) {
-            return Err(RecordError::ValueTooLarge {
-                bytes: value_bytes,
-                max: limits.record_value_bytes_max,
-            });
+            return Err(RecordError::ValueTooLarge { bytes: value_bytes, max: limits.record_value_bytes_max });
         }
         if self.headers.len() as u64 > u64::from(limits.record_headers_max) {
             return Err(RecordError::TooManyHeaders {
@@ -71,10 +58,7 @@ impl Record {
         }
         let total = self.size_bytes();
         if total > u64::from(limits.record_bytes_max) {
-            return Err(RecordError::RecordTooLarge {
-                bytes: total,
-                max: limits.record_bytes_max,
-            });
+            return Err(RecordError::RecordTooLarge { bytes: total, max: limits.record_bytes_max });
         }
         Ok(())
     }
@@ -111,10 +95,7 @@ mod tests {
         let record = Record {
             key: Some(b"ab".to_vec()),
             value: b"cde".to_vec(),
-            headers: vec![Header {
-                key: "f".into(),
-                value: b"gh".to_vec(),
-            }],
+            headers: vec![Header { key: "f".into(), value: b"gh".to_vec() }],
             producer_timestamp_ms: None,
         };
         assert_eq!(record.size_bytes(), 8);
@@ -129,49 +110,21 @@ mod tests {
             record_bytes_max: 6,
             ..Limits::default()
         };
-        let ok = Record {
-            key: Some(b"ab".to_vec()),
-            value: b"abc".to_vec(),
-            ..Record::default()
-        };
+        let ok = Record { key: Some(b"ab".to_vec()), value: b"abc".to_vec(), ..Record::default() };
         assert_eq!(ok.validate(&limits), Ok(()));
-        let key = Record {
-            key: Some(b"abc".to_vec()),
-            ..Record::default()
-        };
-        assert!(matches!(
-            key.validate(&limits),
-            Err(RecordError::KeyTooLarge { bytes: 3, max: 2 })
-        ));
+        let key = Record { key: Some(b"abc".to_vec()), ..Record::default() };
+        assert!(matches!(key.validate(&limits), Err(RecordError::KeyTooLarge { bytes: 3, max: 2 })));
         let value = Record::from_value(b"abcd".to_vec());
-        assert!(matches!(
-            value.validate(&limits),
-            Err(RecordError::ValueTooLarge { .. })
-        ));
-        let header = Header {
-            key: "k".into(),
-            value: vec![],
-        };
-        let headers = Record {
-            headers: vec![header.clone(), header],
-            ..Record::default()
-        };
-        assert!(matches!(
-            headers.validate(&limits),
-            Err(RecordError::TooManyHeaders { .. })
-        ));
+        assert!(matches!(value.validate(&limits), Err(RecordError::ValueTooLarge { .. })));
+        let header = Header { key: "k".into(), value: vec![] };
+        let headers = Record { headers: vec![header.clone(), header], ..Record::default() };
+        assert!(matches!(headers.validate(&limits), Err(RecordError::TooManyHeaders { .. })));
         let total = Record {
             key: Some(b"ab".to_vec()),
             value: b"abc".to_vec(),
-            headers: vec![Header {
-                key: "kk".into(),
-                value: vec![],
-            }],
+            headers: vec![Header { key: "kk".into(), value: vec![] }],
             producer_timestamp_ms: None,
         };
-        assert!(matches!(
-            total.validate(&limits),
-            Err(RecordError::RecordTooLarge { bytes: 7, max: 6 })
-        ));
+        assert!(matches!(total.validate(&limits), Err(RecordError::RecordTooLarge { bytes: 7, max: 6 })));
     }
 }

@@ -19,9 +19,7 @@ const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// 64-bit FNV-1a of `bytes`.
 pub fn fnv1a_64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(FNV_OFFSET_BASIS, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME)
-    })
+    bytes.iter().fold(FNV_OFFSET_BASIS, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(FNV_PRIME))
 }
 
 /// Why a record could not be routed.
@@ -36,9 +34,7 @@ pub fn partition_for_key(key: &[u8], partition_count: u32) -> Result<PartitionIn
     if partition_count == 0 {
         return Err(RoutingError::NoPartitions);
     }
-    Ok(PartitionIndex(
-        (fnv1a_64(key) % u64::from(partition_count)) as u32,
-    ))
+    Ok(PartitionIndex((fnv1a_64(key) % u64::from(partition_count)) as u32))
 }
 
 /// Round-robin spreading of keyless records over a topic's partitions.
@@ -93,11 +89,7 @@ mod tests {
             (b"\x00\xff", 3, 2),
         ];
         for (key, count, expected) in cases {
-            assert_eq!(
-                partition_for_key(key, count).unwrap(),
-                PartitionIndex(expected),
-                "key {key:?}"
-            );
+            assert_eq!(partition_for_key(key, count).unwrap(), PartitionIndex(expected), "key {key:?}");
         }
         assert_eq!(fnv1a_64(b"user-42"), 0x32c6d7a54d35dacb);
     }
@@ -105,10 +97,7 @@ mod tests {
     #[test]
     fn zero_partitions_is_an_error() {
         assert_eq!(partition_for_key(b"k", 0), Err(RoutingError::NoPartitions));
-        assert_eq!(
-            KeylessSpreader::new(0).next_partition(0),
-            Err(RoutingError::NoPartitions)
-        );
+        assert_eq!(KeylessSpreader::new(0).next_partition(0), Err(RoutingError::NoPartitions));
     }
 
     proptest! {

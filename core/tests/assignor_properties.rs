@@ -7,11 +7,7 @@ use keel_core::assignor::{assign, Assignment, AssignmentInput, AssignorKind};
 use keel_core::{MemberId, PartitionIndex, TopicName, TopicPartition};
 use proptest::prelude::*;
 
-const KINDS: [AssignorKind; 3] = [
-    AssignorKind::StickyBalanced,
-    AssignorKind::Range,
-    AssignorKind::RoundRobin,
-];
+const KINDS: [AssignorKind; 3] = [AssignorKind::StickyBalanced, AssignorKind::Range, AssignorKind::RoundRobin];
 
 fn topic(i: usize) -> TopicName {
     TopicName::new(format!("topic-{i}")).unwrap()
@@ -23,34 +19,18 @@ fn member(i: usize) -> MemberId {
 
 /// Topics with 1-12 partitions each.
 fn topics() -> impl Strategy<Value = BTreeMap<TopicName, u32>> {
-    proptest::collection::vec(1u32..12, 1..4).prop_map(|counts| {
-        counts
-            .into_iter()
-            .enumerate()
-            .map(|(i, c)| (topic(i), c))
-            .collect()
-    })
+    proptest::collection::vec(1u32..12, 1..4)
+        .prop_map(|counts| counts.into_iter().enumerate().map(|(i, c)| (topic(i), c)).collect())
 }
 
 /// Members (ids drawn from 0..10) each subscribed to a non-empty subset.
 fn members(topic_count: usize) -> impl Strategy<Value = BTreeMap<MemberId, BTreeSet<TopicName>>> {
-    proptest::collection::btree_map(
-        0usize..10,
-        proptest::collection::btree_set(0..topic_count, 1..=topic_count),
-        1..8,
-    )
-    .prop_map(|m| {
-        m.into_iter()
-            .map(|(id, subs)| (member(id), subs.into_iter().map(topic).collect()))
-            .collect()
-    })
+    proptest::collection::btree_map(0usize..10, proptest::collection::btree_set(0..topic_count, 1..=topic_count), 1..8)
+        .prop_map(|m| m.into_iter().map(|(id, subs)| (member(id), subs.into_iter().map(topic).collect())).collect())
 }
 
 /// Members all subscribed to every topic.
-fn shared_members(
-    topics: &BTreeMap<TopicName, u32>,
-    ids: &BTreeSet<usize>,
-) -> BTreeMap<MemberId, BTreeSet<TopicName>> {
+fn shared_members(topics: &BTreeMap<TopicName, u32>, ids: &BTreeSet<usize>) -> BTreeMap<MemberId, BTreeSet<TopicName>> {
     let all: BTreeSet<TopicName> = topics.keys().cloned().collect();
     ids.iter().map(|id| (member(*id), all.clone())).collect()
 }
@@ -59,9 +39,8 @@ fn shared_members(
 /// have left), owning an arbitrary subset of partitions.
 fn previous(topics: &BTreeMap<TopicName, u32>, owners: &[Option<usize>]) -> Assignment {
     let mut assignment = Assignment::default();
-    let partitions = topics
-        .iter()
-        .flat_map(|(t, c)| (0..*c).map(move |i| TopicPartition::new(t.clone(), PartitionIndex(i))));
+    let partitions =
+        topics.iter().flat_map(|(t, c)| (0..*c).map(move |i| TopicPartition::new(t.clone(), PartitionIndex(i))));
     for (partition, owner) in partitions.zip(owners.iter().cycle()) {
         if let Some(owner) = owner {
             assignment.set_owner(partition, member(*owner));
@@ -83,30 +62,20 @@ fn check_ownership(
             match result.owner(&partition) {
                 Some(owner) => {
                     prop_assert!(subscribed, "{partition} assigned but nobody subscribes");
-                    prop_assert!(
-                        members[owner].contains(name),
-                        "{owner} owns {partition} without subscribing"
-                    );
+                    prop_assert!(members[owner].contains(name), "{owner} owns {partition} without subscribing");
                     expected += 1;
                 }
                 None => prop_assert!(!subscribed, "{partition} has no owner"),
             }
         }
     }
-    prop_assert_eq!(
-        result.len(),
-        expected,
-        "assignment names partitions that do not exist"
-    );
+    prop_assert_eq!(result.len(), expected, "assignment names partitions that do not exist");
     Ok(())
 }
 
 fn spread(members: &BTreeMap<MemberId, BTreeSet<TopicName>>, result: &Assignment) -> u64 {
     let counts = result.counts();
-    let all: Vec<u64> = members
-        .keys()
-        .map(|m| counts.get(m).copied().unwrap_or(0))
-        .collect();
+    let all: Vec<u64> = members.keys().map(|m| counts.get(m).copied().unwrap_or(0)).collect();
     all.iter().max().unwrap() - all.iter().min().unwrap()
 }
 
@@ -239,59 +208,26 @@ fn sticky_keeps_everything_when_nothing_changes() {
     let members = shared_members(&topics, &[1, 2, 3].into_iter().collect());
     let first = assign(
         AssignorKind::StickyBalanced,
-        AssignmentInput {
-            topics: &topics,
-            members: &members,
-            previous: &Assignment::default(),
-        },
+        AssignmentInput { topics: &topics, members: &members, previous: &Assignment::default() },
     );
-    let second = assign(
-        AssignorKind::StickyBalanced,
-        AssignmentInput {
-            topics: &topics,
-            members: &members,
-            previous: &first,
-        },
-    );
+    let second =
+        assign(AssignorKind::StickyBalanced, AssignmentInput { topics: &topics, members: &members, previous: &first });
     assert_eq!(first, second);
-    assert_eq!(
-        first.counts().values().copied().collect::<Vec<_>>(),
-        vec![4, 4, 4]
-    );
+    assert_eq!(first.counts().values().copied().collect::<Vec<_>>(), vec![4, 4, 4]);
 }
 
 #[test]
 fn range_and_round_robin_match_their_definitions() {
     let topics: BTreeMap<TopicName, u32> = [(topic(0), 5)].into_iter().collect();
     let members = shared_members(&topics, &[0, 1].into_iter().collect());
-    let input = AssignmentInput {
-        topics: &topics,
-        members: &members,
-        previous: &Assignment::default(),
-    };
-    let owners = |a: Assignment| {
-        a.iter()
-            .map(|(_, m)| m.as_str().to_string())
-            .collect::<Vec<_>>()
-    };
+    let input = AssignmentInput { topics: &topics, members: &members, previous: &Assignment::default() };
+    let owners = |a: Assignment| a.iter().map(|(_, m)| m.as_str().to_string()).collect::<Vec<_>>();
     assert_eq!(
         owners(assign(AssignorKind::Range, input)),
-        [
-            "member-00",
-            "member-00",
-            "member-00",
-            "member-01",
-            "member-01"
-        ]
+        ["member-00", "member-00", "member-00", "member-01", "member-01"]
     );
     assert_eq!(
         owners(assign(AssignorKind::RoundRobin, input)),
-        [
-            "member-00",
-            "member-01",
-            "member-00",
-            "member-01",
-            "member-00"
-        ]
+        ["member-00", "member-01", "member-00", "member-01", "member-00"]
     );
 }

@@ -6,9 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use keel_core::assignor::AssignorKind;
-use keel_core::metadata::{
-    MetadataCommand, MetadataOutcome, MetadataRejection, MetadataState, RetentionPolicy,
-};
+use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataRejection, MetadataState, RetentionPolicy};
 use keel_core::{BrokerId, GroupName, Limits, MemberId, PartitionIndex, TimestampMs, TopicName};
 use proptest::prelude::*;
 
@@ -36,15 +34,9 @@ const MEMBERS: [&str; 5] = ["m1", "m2", "m3", "m4", ""];
 const ADDRESSES: [&str; 4] = ["h:1", "h:2", "", "far-too-long:9999"];
 
 fn command() -> impl Strategy<Value = MetadataCommand> {
-    let name =
-        |pool: &'static [&'static str]| proptest::sample::select(pool).prop_map(str::to_string);
-    let assignor = proptest::sample::select(
-        &[
-            AssignorKind::StickyBalanced,
-            AssignorKind::Range,
-            AssignorKind::RoundRobin,
-        ][..],
-    );
+    let name = |pool: &'static [&'static str]| proptest::sample::select(pool).prop_map(str::to_string);
+    let assignor =
+        proptest::sample::select(&[AssignorKind::StickyBalanced, AssignorKind::Range, AssignorKind::RoundRobin][..]);
     prop_oneof![
         3 => (1u64..6, name(&ADDRESSES)).prop_map(|(b, address)| MetadataCommand::RegisterBroker { broker: BrokerId(b), address }),
         1 => (1u64..6).prop_map(|b| MetadataCommand::RemoveBroker { broker: BrokerId(b) }),
@@ -91,9 +83,7 @@ struct Model {
 
 fn legal(name: &str) -> bool {
     (1..=249).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c))
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c))
         && name != "."
         && name != ".."
 }
@@ -123,9 +113,7 @@ impl Model {
                 {
                     return Err("InvalidBrokerAddress");
                 }
-                if !self.brokers.contains_key(&broker.0)
-                    && self.brokers.len() >= l.brokers_max as usize
-                {
+                if !self.brokers.contains_key(&broker.0) && self.brokers.len() >= l.brokers_max as usize {
                     return Err("TooManyBrokers");
                 }
                 Ok(())
@@ -134,22 +122,12 @@ impl Model {
                 if !self.brokers.contains_key(&broker.0) {
                     return Err("UnknownBroker");
                 }
-                if self
-                    .topics
-                    .values()
-                    .flatten()
-                    .any(|r| r.contains(&broker.0))
-                {
+                if self.topics.values().flatten().any(|r| r.contains(&broker.0)) {
                     return Err("BrokerHoldsReplicas");
                 }
                 Ok(())
             }
-            MetadataCommand::CreateTopic {
-                topic,
-                partitions,
-                replication_factor,
-                ..
-            } => {
+            MetadataCommand::CreateTopic { topic, partitions, replication_factor, .. } => {
                 if !legal(topic) {
                     return Err("InvalidName");
                 }
@@ -179,11 +157,7 @@ impl Model {
                 }
                 Ok(())
             }
-            MetadataCommand::MoveReplicas {
-                topic,
-                partition,
-                replicas,
-            } => {
+            MetadataCommand::MoveReplicas { topic, partition, replicas } => {
                 if !legal(topic) {
                     return Err("InvalidName");
                 }
@@ -203,13 +177,7 @@ impl Model {
                 }
                 Ok(())
             }
-            MetadataCommand::JoinGroup {
-                group,
-                member,
-                topics,
-                session_timeout_ms,
-                assignor,
-            } => {
+            MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor } => {
                 if !legal(group) || !legal(member) {
                     return Err("InvalidName");
                 }
@@ -222,20 +190,15 @@ impl Model {
                 if !topics.iter().all(|t| legal(t)) {
                     return Err("InvalidName");
                 }
-                if !(l.session_timeout_ms_min..=l.session_timeout_ms_max)
-                    .contains(session_timeout_ms)
-                {
+                if !(l.session_timeout_ms_min..=l.session_timeout_ms_max).contains(session_timeout_ms) {
                     return Err("SessionTimeoutOutOfRange");
                 }
                 match self.groups.get(group) {
                     None if self.groups.len() >= l.groups_max as usize => Err("TooManyGroups"),
                     None => Ok(()),
-                    Some(g) if g.assignor != *assignor && !g.members.is_empty() => {
-                        Err("AssignorMismatch")
-                    }
+                    Some(g) if g.assignor != *assignor && !g.members.is_empty() => Err("AssignorMismatch"),
                     Some(g)
-                        if !g.members.contains_key(member)
-                            && g.members.len() >= l.members_per_group_max as usize =>
+                        if !g.members.contains_key(member) && g.members.len() >= l.members_per_group_max as usize =>
                     {
                         Err("TooManyMembers")
                     }
@@ -268,11 +231,7 @@ impl Model {
     }
 
     /// Apply an accepted command to the model.
-    fn apply(
-        &mut self,
-        command: &MetadataCommand,
-        outcome: &MetadataOutcome,
-    ) -> Result<(), TestCaseError> {
+    fn apply(&mut self, command: &MetadataCommand, outcome: &MetadataOutcome) -> Result<(), TestCaseError> {
         match (command, outcome) {
             (MetadataCommand::RegisterBroker { broker, address }, _) => {
                 self.brokers.insert(broker.0, address.clone());
@@ -281,12 +240,7 @@ impl Model {
                 self.brokers.remove(&broker.0);
             }
             (
-                MetadataCommand::CreateTopic {
-                    topic,
-                    partitions,
-                    replication_factor,
-                    ..
-                },
+                MetadataCommand::CreateTopic { topic, partitions, replication_factor, .. },
                 MetadataOutcome::TopicCreated { placements, .. },
             ) => {
                 prop_assert_eq!(placements.len(), *partitions as usize);
@@ -295,34 +249,17 @@ impl Model {
                 }
                 self.topics.insert(
                     topic.clone(),
-                    placements
-                        .iter()
-                        .map(|p| p.replicas.iter().map(|b| b.0).collect())
-                        .collect(),
+                    placements.iter().map(|p| p.replicas.iter().map(|b| b.0).collect()).collect(),
                 );
             }
             (MetadataCommand::DeleteTopic { topic }, _) => {
                 self.topics.remove(topic);
             }
-            (
-                MetadataCommand::MoveReplicas {
-                    topic,
-                    partition,
-                    replicas,
-                },
-                _,
-            ) => {
-                self.topics.get_mut(topic).unwrap()[partition.0 as usize] =
-                    replicas.iter().map(|b| b.0).collect();
+            (MetadataCommand::MoveReplicas { topic, partition, replicas }, _) => {
+                self.topics.get_mut(topic).unwrap()[partition.0 as usize] = replicas.iter().map(|b| b.0).collect();
             }
             (
-                MetadataCommand::JoinGroup {
-                    group,
-                    member,
-                    topics,
-                    session_timeout_ms,
-                    assignor,
-                },
+                MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor },
                 MetadataOutcome::Joined { member_epoch, .. },
             ) => {
                 let entry = self.groups.entry(group.clone()).or_insert(ModelGroup {
@@ -332,17 +269,14 @@ impl Model {
                 });
                 entry.assignor = *assignor;
                 let topics: BTreeSet<String> = topics.iter().cloned().collect();
-                let unchanged = entry.members.get(member).is_some_and(|m| {
-                    m.topics == topics && m.session_timeout_ms == *session_timeout_ms
-                });
+                let unchanged = entry
+                    .members
+                    .get(member)
+                    .is_some_and(|m| m.topics == topics && m.session_timeout_ms == *session_timeout_ms);
                 if !unchanged {
                     entry.members.insert(
                         member.clone(),
-                        ModelMember {
-                            topics,
-                            session_timeout_ms: *session_timeout_ms,
-                            epoch: entry.next_epoch,
-                        },
+                        ModelMember { topics, session_timeout_ms: *session_timeout_ms, epoch: entry.next_epoch },
                     );
                     entry.next_epoch += 1;
                 }
@@ -351,10 +285,7 @@ impl Model {
             (MetadataCommand::LeaveGroup { group, member }, _) => {
                 self.groups.get_mut(group).unwrap().members.remove(member);
             }
-            (
-                MetadataCommand::ExpireMembers { group, members },
-                MetadataOutcome::MembersExpired { expired, .. },
-            ) => {
+            (MetadataCommand::ExpireMembers { group, members }, MetadataOutcome::MembersExpired { expired, .. }) => {
                 let g = self.groups.get_mut(group).unwrap();
                 let mut expected = Vec::new();
                 for (member, epoch) in members {
@@ -366,10 +297,7 @@ impl Model {
                 let got: Vec<String> = expired.iter().map(|m| m.as_str().to_string()).collect();
                 prop_assert_eq!(got, expected);
             }
-            (
-                MetadataCommand::AllocateProducerId,
-                MetadataOutcome::ProducerIdAllocated { producer },
-            ) => {
+            (MetadataCommand::AllocateProducerId, MetadataOutcome::ProducerIdAllocated { producer }) => {
                 prop_assert_eq!(producer.0, self.next_producer);
                 self.next_producer += 1;
             }
@@ -382,31 +310,19 @@ impl Model {
 
     /// The state agrees with the model on everything the model tracks.
     fn compare(&self, state: &MetadataState) -> Result<(), TestCaseError> {
-        let brokers: BTreeMap<u64, String> = state
-            .brokers()
-            .iter()
-            .map(|(id, b)| (id.0, b.address.clone()))
-            .collect();
+        let brokers: BTreeMap<u64, String> = state.brokers().iter().map(|(id, b)| (id.0, b.address.clone())).collect();
         prop_assert_eq!(&brokers, &self.brokers);
         let topics: BTreeMap<String, Vec<Vec<u64>>> = state
             .topics()
             .iter()
             .map(|(name, t)| {
-                (
-                    name.to_string(),
-                    t.partitions
-                        .iter()
-                        .map(|p| p.replicas.iter().map(|b| b.0).collect())
-                        .collect(),
-                )
+                (name.to_string(), t.partitions.iter().map(|p| p.replicas.iter().map(|b| b.0).collect()).collect())
             })
             .collect();
         prop_assert_eq!(&topics, &self.topics);
         prop_assert_eq!(state.groups().len(), self.groups.len());
         for (name, group) in &self.groups {
-            let real = state
-                .group(&GroupName::new(name.as_str()).unwrap())
-                .unwrap();
+            let real = state.group(&GroupName::new(name.as_str()).unwrap()).unwrap();
             prop_assert_eq!(real.members.len(), group.members.len());
             for (member, m) in &group.members {
                 let r = &real.members[&MemberId::new(member.as_str()).unwrap()];

@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 
 use keel_core::metadata::RetentionPolicy;
 use keel_core::partition::{
-    MemoryLog, PartitionCommand, PartitionOutcome, PartitionRejection, PartitionState,
-    ProducerBatch,
+    MemoryLog, PartitionCommand, PartitionOutcome, PartitionRejection, PartitionState, ProducerBatch,
 };
 use keel_core::record::{Header, Record};
 use keel_core::{Generation, GroupName, Limits, Offset, ProducerId, Sequence, TimestampMs};
@@ -54,29 +53,11 @@ enum OffsetChoice {
 
 #[derive(Debug, Clone)]
 enum Step {
-    Append {
-        producer: Option<(u64, SequenceChoice)>,
-        records: Vec<Record>,
-    },
-    Claim {
-        group: &'static str,
-        member: &'static str,
-        generation: u64,
-    },
-    Commit {
-        group: &'static str,
-        member: &'static str,
-        generation: u64,
-        offset: OffsetChoice,
-    },
-    Reset {
-        group: &'static str,
-        position: OffsetChoice,
-    },
-    Retention {
-        max_age_ms: Option<u64>,
-        max_bytes: Option<u64>,
-    },
+    Append { producer: Option<(u64, SequenceChoice)>, records: Vec<Record> },
+    Claim { group: &'static str, member: &'static str, generation: u64 },
+    Commit { group: &'static str, member: &'static str, generation: u64, offset: OffsetChoice },
+    Reset { group: &'static str, position: OffsetChoice },
+    Retention { max_age_ms: Option<u64>, max_bytes: Option<u64> },
 }
 
 fn record() -> impl Strategy<Value = Record> {
@@ -84,23 +65,14 @@ fn record() -> impl Strategy<Value = Record> {
         proptest::option::of(proptest::collection::vec(any::<u8>(), 0..6)),
         proptest::collection::vec(any::<u8>(), 0..10),
         proptest::collection::vec(
-            (
-                proptest::sample::select(&["h", "hh"][..]),
-                proptest::collection::vec(any::<u8>(), 0..2),
-            ),
+            (proptest::sample::select(&["h", "hh"][..]), proptest::collection::vec(any::<u8>(), 0..2)),
             0..3,
         ),
     )
         .prop_map(|(key, value, headers)| Record {
             key,
             value,
-            headers: headers
-                .into_iter()
-                .map(|(k, v)| Header {
-                    key: k.to_string(),
-                    value: v,
-                })
-                .collect(),
+            headers: headers.into_iter().map(|(k, v)| Header { key: k.to_string(), value: v }).collect(),
             producer_timestamp_ms: None,
         })
 }
@@ -148,11 +120,7 @@ struct Model {
 fn size(record: &Record) -> u64 {
     record.key.as_ref().map_or(0, Vec::len) as u64
         + record.value.len() as u64
-        + record
-            .headers
-            .iter()
-            .map(|h| (h.key.len() + h.value.len()) as u64)
-            .sum::<u64>()
+        + record.headers.iter().map(|h| (h.key.len() + h.value.len()) as u64).sum::<u64>()
 }
 
 impl Model {
@@ -161,18 +129,11 @@ impl Model {
     }
 
     fn bytes(&self) -> u64 {
-        self.log[self.log_start as usize..]
-            .iter()
-            .map(|(r, _)| size(r))
-            .sum()
+        self.log[self.log_start as usize..].iter().map(|(r, _)| size(r)).sum()
     }
 
     fn resolve_sequence(&self, producer: u64, choice: &SequenceChoice) -> u64 {
-        let next = self
-            .producers
-            .get(&producer)
-            .and_then(|p| p.batches.last())
-            .map_or(0, |b| b.0 + 1);
+        let next = self.producers.get(&producer).and_then(|p| p.batches.last()).map_or(0, |b| b.0 + 1);
         match choice {
             SequenceChoice::Next => next,
             SequenceChoice::Back(k) => next.saturating_sub(*k + 1),
@@ -181,12 +142,7 @@ impl Model {
     }
 
     fn resolve_offset(&self, choice: &OffsetChoice, group: &str) -> u64 {
-        let position = self
-            .groups
-            .get(group)
-            .and_then(|g| g.position)
-            .unwrap_or(self.log_start)
-            .max(self.log_start);
+        let position = self.groups.get(group).and_then(|g| g.position).unwrap_or(self.log_start).max(self.log_start);
         match choice {
             OffsetChoice::Read(k) => position + k,
             OffsetChoice::FromEnd(k) => self.high_watermark().saturating_sub(k + 1),
@@ -195,37 +151,21 @@ impl Model {
     }
 
     fn group_position(&self, group: &str) -> u64 {
-        self.groups
-            .get(group)
-            .and_then(|g| g.position)
-            .unwrap_or(self.log_start)
-            .max(self.log_start)
+        self.groups.get(group).and_then(|g| g.position).unwrap_or(self.log_start).max(self.log_start)
     }
 
     fn room_for(&self, group: &str) -> Result<(), PartitionRejection> {
-        if !self.groups.contains_key(group)
-            && self.groups.len() >= self.limits.groups_per_partition_max as usize
-        {
-            return Err(PartitionRejection::TooManyGroups {
-                max: self.limits.groups_per_partition_max,
-            });
+        if !self.groups.contains_key(group) && self.groups.len() >= self.limits.groups_per_partition_max as usize {
+            return Err(PartitionRejection::TooManyGroups { max: self.limits.groups_per_partition_max });
         }
         Ok(())
     }
 
     /// Apply a command to the model, returning the exact expected result.
-    fn apply(
-        &mut self,
-        at: u64,
-        command: &PartitionCommand,
-    ) -> Result<PartitionOutcome, PartitionRejection> {
+    fn apply(&mut self, at: u64, command: &PartitionCommand) -> Result<PartitionOutcome, PartitionRejection> {
         match command {
             PartitionCommand::Append { producer, records } => self.append(at, *producer, records),
-            PartitionCommand::Claim {
-                group,
-                member,
-                generation,
-            } => {
+            PartitionCommand::Claim { group, member, generation } => {
                 let name = GroupName::new(group.as_str())?;
                 keel_core::MemberId::new(member.as_str())?;
                 self.room_for(group)?;
@@ -240,17 +180,9 @@ impl Model {
                     }
                 }
                 entry.claim = Some((generation.0, member.clone()));
-                Ok(PartitionOutcome::Claimed {
-                    generation: *generation,
-                    position: Offset(self.group_position(group)),
-                })
+                Ok(PartitionOutcome::Claimed { generation: *generation, position: Offset(self.group_position(group)) })
             }
-            PartitionCommand::Commit {
-                group,
-                member,
-                generation,
-                offset,
-            } => {
+            PartitionCommand::Commit { group, member, generation, offset } => {
                 let name = GroupName::new(group.as_str())?;
                 keel_core::MemberId::new(member.as_str())?;
                 let claim = self.groups.get(group).and_then(|g| g.claim.clone());
@@ -280,16 +212,11 @@ impl Model {
                 let entry = self.groups.get_mut(group).unwrap();
                 if let Some(current) = entry.position {
                     if offset.0 + 1 < current {
-                        return Err(PartitionRejection::CommitBackwards {
-                            offset: *offset,
-                            position: Offset(current),
-                        });
+                        return Err(PartitionRejection::CommitBackwards { offset: *offset, position: Offset(current) });
                     }
                 }
                 entry.position = Some(offset.0 + 1);
-                Ok(PartitionOutcome::Committed {
-                    position: Offset(offset.0 + 1),
-                })
+                Ok(PartitionOutcome::Committed { position: Offset(offset.0 + 1) })
             }
             PartitionCommand::ResetPosition { group, position } => {
                 GroupName::new(group.as_str())?;
@@ -302,9 +229,7 @@ impl Model {
                 }
                 self.room_for(group)?;
                 self.groups.entry(group.clone()).or_default().position = Some(position.0);
-                Ok(PartitionOutcome::PositionReset {
-                    position: *position,
-                })
+                Ok(PartitionOutcome::PositionReset { position: *position })
             }
             PartitionCommand::ApplyRetention { policy } => {
                 let mut removed = 0u64;
@@ -349,34 +274,20 @@ impl Model {
             return Err(PartitionRejection::EmptyBatch);
         }
         if records.len() > l.batch_records_max as usize {
-            return Err(PartitionRejection::TooManyRecords {
-                count: records.len() as u64,
-                max: l.batch_records_max,
-            });
+            return Err(PartitionRejection::TooManyRecords { count: records.len() as u64, max: l.batch_records_max });
         }
         for (index, record) in records.iter().enumerate() {
             if let Err(error) = record.validate(l) {
-                return Err(PartitionRejection::InvalidRecord {
-                    index: index as u32,
-                    error,
-                });
+                return Err(PartitionRejection::InvalidRecord { index: index as u32, error });
             }
         }
         let bytes: u64 = records.iter().map(size).sum();
         if bytes > u64::from(l.batch_bytes_max) {
-            return Err(PartitionRejection::BatchTooLarge {
-                bytes,
-                max: l.batch_bytes_max,
-            });
+            return Err(PartitionRejection::BatchTooLarge { bytes, max: l.batch_bytes_max });
         }
         if let Some(ProducerBatch { producer, sequence }) = producer {
             match self.producers.get(&producer.0) {
-                None if sequence.0 != 0 => {
-                    return Err(PartitionRejection::UnknownProducer {
-                        producer,
-                        got: sequence,
-                    })
-                }
+                None if sequence.0 != 0 => return Err(PartitionRejection::UnknownProducer { producer, got: sequence }),
                 None => {}
                 Some(state) => {
                     let last = state.batches.last().unwrap().0;
@@ -388,20 +299,15 @@ impl Model {
                         });
                     }
                     if sequence.0 <= last {
-                        let window = state
-                            .batches
-                            .len()
-                            .saturating_sub(self.limits.producer_batches_remembered_max as usize);
+                        let window =
+                            state.batches.len().saturating_sub(self.limits.producer_batches_remembered_max as usize);
                         return match state.batches[window..].iter().find(|b| b.0 == sequence.0) {
                             Some((_, base, count)) => Ok(PartitionOutcome::Appended {
                                 base_offset: Offset(*base),
                                 count: *count,
                                 duplicate: true,
                             }),
-                            None => Err(PartitionRejection::SequenceTooOld {
-                                producer,
-                                got: sequence,
-                            }),
+                            None => Err(PartitionRejection::SequenceTooOld { producer, got: sequence }),
                         };
                     }
                 }
@@ -416,20 +322,11 @@ impl Model {
             entry.batches.push((sequence.0, base, records.len() as u32));
             entry.last_append_at = time;
             while self.producers.len() > self.limits.producers_per_partition_max as usize {
-                let oldest = *self
-                    .producers
-                    .iter()
-                    .min_by_key(|(id, p)| (p.last_append_at, **id))
-                    .unwrap()
-                    .0;
+                let oldest = *self.producers.iter().min_by_key(|(id, p)| (p.last_append_at, **id)).unwrap().0;
                 self.producers.remove(&oldest);
             }
         }
-        Ok(PartitionOutcome::Appended {
-            base_offset: Offset(base),
-            count: records.len() as u32,
-            duplicate: false,
-        })
+        Ok(PartitionOutcome::Appended { base_offset: Offset(base), count: records.len() as u32, duplicate: false })
     }
 }
 

@@ -3,14 +3,10 @@
 
 use keel_core::assignor::AssignorKind;
 use keel_core::metadata::{MetadataCommand, MetadataRejection, MetadataState, RetentionPolicy};
-use keel_core::partition::{
-    MemoryLog, PartitionCommand, PartitionRejection, PartitionState, ProducerBatch,
-};
+use keel_core::partition::{MemoryLog, PartitionCommand, PartitionRejection, PartitionState, ProducerBatch};
 use keel_core::placement::PlacementError;
 use keel_core::record::{Record, RecordError};
-use keel_core::{
-    BrokerId, Generation, Limits, Offset, PartitionIndex, ProducerId, Sequence, TimestampMs,
-};
+use keel_core::{BrokerId, Generation, Limits, Offset, PartitionIndex, ProducerId, Sequence, TimestampMs};
 
 fn small_limits() -> Limits {
     Limits {
@@ -34,14 +30,8 @@ fn small_limits() -> Limits {
 fn cluster() -> MetadataState {
     let mut state = MetadataState::new(small_limits());
     for command in [
-        MetadataCommand::RegisterBroker {
-            broker: BrokerId(1),
-            address: "h:1".into(),
-        },
-        MetadataCommand::RegisterBroker {
-            broker: BrokerId(2),
-            address: "h:2".into(),
-        },
+        MetadataCommand::RegisterBroker { broker: BrokerId(1), address: "h:1".into() },
+        MetadataCommand::RegisterBroker { broker: BrokerId(2), address: "h:2".into() },
         create("t", 2, 2),
         join("g", "m", &["t"], 10_000, AssignorKind::StickyBalanced),
     ] {
@@ -80,13 +70,8 @@ fn join(
 fn rejected(command: MetadataCommand) -> MetadataRejection {
     let mut state = cluster();
     let before = state.clone();
-    let rejection = state
-        .apply(TimestampMs(2), &command)
-        .expect_err("command should be rejected");
-    assert_eq!(
-        (state.brokers(), state.topics(), state.groups()),
-        (before.brokers(), before.topics(), before.groups())
-    );
+    let rejection = state.apply(TimestampMs(2), &command).expect_err("command should be rejected");
+    assert_eq!((state.brokers(), state.topics(), state.groups()), (before.brokers(), before.topics(), before.groups()));
     state.check_invariants().unwrap();
     assert!(!rejection.to_string().is_empty());
     rejection
@@ -94,159 +79,63 @@ fn rejected(command: MetadataCommand) -> MetadataRejection {
 
 #[test]
 fn metadata_rejections() {
-    assert!(matches!(
-        rejected(create("", 1, 1)),
-        MetadataRejection::InvalidName(_)
-    ));
-    assert!(matches!(
-        rejected(create("a b", 1, 1)),
-        MetadataRejection::InvalidName(_)
-    ));
-    let address = |a: &str| MetadataCommand::RegisterBroker {
-        broker: BrokerId(9),
-        address: a.into(),
-    };
-    assert!(matches!(
-        rejected(address("")),
-        MetadataRejection::InvalidBrokerAddress { .. }
-    ));
-    assert!(matches!(
-        rejected(address("a b:1")),
-        MetadataRejection::InvalidBrokerAddress { .. }
-    ));
-    assert!(matches!(
-        rejected(address(&"x".repeat(300))),
-        MetadataRejection::InvalidBrokerAddress { .. }
-    ));
+    assert!(matches!(rejected(create("", 1, 1)), MetadataRejection::InvalidName(_)));
+    assert!(matches!(rejected(create("a b", 1, 1)), MetadataRejection::InvalidName(_)));
+    let address = |a: &str| MetadataCommand::RegisterBroker { broker: BrokerId(9), address: a.into() };
+    assert!(matches!(rejected(address("")), MetadataRejection::InvalidBrokerAddress { .. }));
+    assert!(matches!(rejected(address("a b:1")), MetadataRejection::InvalidBrokerAddress { .. }));
+    assert!(matches!(rejected(address(&"x".repeat(300))), MetadataRejection::InvalidBrokerAddress { .. }));
     let mut full = cluster();
     full.apply(TimestampMs(2), &address("h:9")).unwrap();
-    let tenth = MetadataCommand::RegisterBroker {
-        broker: BrokerId(10),
-        address: "h:10".into(),
-    };
+    let tenth = MetadataCommand::RegisterBroker { broker: BrokerId(10), address: "h:10".into() };
+    assert_eq!(full.apply(TimestampMs(3), &tenth), Err(MetadataRejection::TooManyBrokers { max: 3 }));
     assert_eq!(
-        full.apply(TimestampMs(3), &tenth),
-        Err(MetadataRejection::TooManyBrokers { max: 3 })
+        rejected(MetadataCommand::RemoveBroker { broker: BrokerId(7) }),
+        MetadataRejection::UnknownBroker { broker: BrokerId(7) }
     );
     assert_eq!(
-        rejected(MetadataCommand::RemoveBroker {
-            broker: BrokerId(7)
-        }),
-        MetadataRejection::UnknownBroker {
-            broker: BrokerId(7)
-        }
+        rejected(MetadataCommand::RemoveBroker { broker: BrokerId(1) }),
+        MetadataRejection::BrokerHoldsReplicas { broker: BrokerId(1), replicas: 2 }
     );
-    assert_eq!(
-        rejected(MetadataCommand::RemoveBroker {
-            broker: BrokerId(1)
-        }),
-        MetadataRejection::BrokerHoldsReplicas {
-            broker: BrokerId(1),
-            replicas: 2
-        }
-    );
+    assert!(matches!(rejected(create("t", 1, 1)), MetadataRejection::TopicExists { .. }));
     assert!(matches!(
-        rejected(create("t", 1, 1)),
-        MetadataRejection::TopicExists { .. }
-    ));
-    assert!(matches!(
-        rejected(MetadataCommand::DeleteTopic {
-            topic: "nope".into()
-        }),
+        rejected(MetadataCommand::DeleteTopic { topic: "nope".into() }),
         MetadataRejection::UnknownTopic { .. }
     ));
-    assert_eq!(
-        rejected(create("u", 0, 1)),
-        MetadataRejection::InvalidPartitionCount {
-            requested: 0,
-            max: 4
-        }
-    );
-    assert_eq!(
-        rejected(create("u", 5, 1)),
-        MetadataRejection::InvalidPartitionCount {
-            requested: 5,
-            max: 4
-        }
-    );
-    assert_eq!(
-        rejected(create("u", 1, 3)),
-        MetadataRejection::ReplicationFactorTooHigh {
-            requested: 3,
-            max: 2
-        }
-    );
-    assert_eq!(
-        rejected(create("u", 1, 0)),
-        MetadataRejection::Placement(PlacementError::ZeroReplicationFactor)
-    );
+    assert_eq!(rejected(create("u", 0, 1)), MetadataRejection::InvalidPartitionCount { requested: 0, max: 4 });
+    assert_eq!(rejected(create("u", 5, 1)), MetadataRejection::InvalidPartitionCount { requested: 5, max: 4 });
+    assert_eq!(rejected(create("u", 1, 3)), MetadataRejection::ReplicationFactorTooHigh { requested: 3, max: 2 });
+    assert_eq!(rejected(create("u", 1, 0)), MetadataRejection::Placement(PlacementError::ZeroReplicationFactor));
     let mut one_broker = MetadataState::new(small_limits());
     one_broker
-        .apply(
-            TimestampMs(1),
-            &MetadataCommand::RegisterBroker {
-                broker: BrokerId(1),
-                address: "h:1".into(),
-            },
-        )
+        .apply(TimestampMs(1), &MetadataCommand::RegisterBroker { broker: BrokerId(1), address: "h:1".into() })
         .unwrap();
     assert_eq!(
         one_broker.apply(TimestampMs(2), &create("u", 1, 2)),
-        Err(MetadataRejection::Placement(
-            PlacementError::NotEnoughBrokers {
-                replication_factor: 2,
-                brokers: 1
-            }
-        ))
+        Err(MetadataRejection::Placement(PlacementError::NotEnoughBrokers { replication_factor: 2, brokers: 1 }))
     );
     let mut two_topics = cluster();
-    two_topics
-        .apply(TimestampMs(2), &create("u", 1, 1))
-        .unwrap();
-    assert_eq!(
-        two_topics.apply(TimestampMs(3), &create("v", 1, 1)),
-        Err(MetadataRejection::TooManyTopics { max: 2 })
-    );
+    two_topics.apply(TimestampMs(2), &create("u", 1, 1)).unwrap();
+    assert_eq!(two_topics.apply(TimestampMs(3), &create("v", 1, 1)), Err(MetadataRejection::TooManyTopics { max: 2 }));
     let mv = |p: u32, replicas: &[u64]| MetadataCommand::MoveReplicas {
         topic: "t".into(),
         partition: PartitionIndex(p),
         replicas: replicas.iter().copied().map(BrokerId).collect(),
     };
+    assert!(matches!(rejected(mv(2, &[1])), MetadataRejection::UnknownPartition { partitions: 2, .. }));
+    assert!(matches!(rejected(mv(0, &[])), MetadataRejection::InvalidReplicas { .. }));
+    assert!(matches!(rejected(mv(0, &[1, 1])), MetadataRejection::InvalidReplicas { .. }));
+    assert!(matches!(rejected(mv(0, &[1, 5])), MetadataRejection::InvalidReplicas { .. }));
     assert!(matches!(
-        rejected(mv(2, &[1])),
-        MetadataRejection::UnknownPartition { partitions: 2, .. }
-    ));
-    assert!(matches!(
-        rejected(mv(0, &[])),
-        MetadataRejection::InvalidReplicas { .. }
-    ));
-    assert!(matches!(
-        rejected(mv(0, &[1, 1])),
-        MetadataRejection::InvalidReplicas { .. }
-    ));
-    assert!(matches!(
-        rejected(mv(0, &[1, 5])),
-        MetadataRejection::InvalidReplicas { .. }
-    ));
-    assert!(matches!(
-        rejected(MetadataCommand::LeaveGroup {
-            group: "h".into(),
-            member: "m".into()
-        }),
+        rejected(MetadataCommand::LeaveGroup { group: "h".into(), member: "m".into() }),
         MetadataRejection::UnknownGroup { .. }
     ));
     assert!(matches!(
-        rejected(MetadataCommand::ExpireMembers {
-            group: "h".into(),
-            members: vec![]
-        }),
+        rejected(MetadataCommand::ExpireMembers { group: "h".into(), members: vec![] }),
         MetadataRejection::UnknownGroup { .. }
     ));
     assert!(matches!(
-        rejected(MetadataCommand::LeaveGroup {
-            group: "g".into(),
-            member: "x".into()
-        }),
+        rejected(MetadataCommand::LeaveGroup { group: "g".into(), member: "x".into() }),
         MetadataRejection::UnknownMember { .. }
     ));
     assert_eq!(
@@ -254,13 +143,7 @@ fn metadata_rejections() {
         MetadataRejection::EmptySubscription
     );
     assert_eq!(
-        rejected(join(
-            "g",
-            "m",
-            &["t", "u"],
-            10_000,
-            AssignorKind::StickyBalanced
-        )),
+        rejected(join("g", "m", &["t", "u"], 10_000, AssignorKind::StickyBalanced)),
         MetadataRejection::TooManySubscriptions { count: 2, max: 1 }
     );
     assert!(matches!(
@@ -286,12 +169,7 @@ fn a_topic_deleted_and_created_again_keeps_group_generations_rising() {
     let mut state = cluster();
     let group = keel_core::GroupName::new("g").unwrap();
     let first = state.group(&group).unwrap().generation;
-    state
-        .apply(
-            TimestampMs(2),
-            &MetadataCommand::DeleteTopic { topic: "t".into() },
-        )
-        .unwrap();
+    state.apply(TimestampMs(2), &MetadataCommand::DeleteTopic { topic: "t".into() }).unwrap();
     let second = state.group(&group).unwrap().generation;
     state.apply(TimestampMs(3), &create("t", 2, 1)).unwrap();
     let third = state.group(&group).unwrap().generation;
@@ -302,47 +180,24 @@ fn a_topic_deleted_and_created_again_keeps_group_generations_rising() {
 fn partition() -> (PartitionState, MemoryLog) {
     let mut state = PartitionState::new(small_limits());
     let mut log = MemoryLog::new();
-    let records = vec![
-        Record::from_value(b"one".to_vec()),
-        Record::from_value(b"two".to_vec()),
-    ];
+    let records = vec![Record::from_value(b"one".to_vec()), Record::from_value(b"two".to_vec())];
     let append = PartitionCommand::Append {
-        producer: Some(ProducerBatch {
-            producer: ProducerId(1),
-            sequence: Sequence(0),
-        }),
+        producer: Some(ProducerBatch { producer: ProducerId(1), sequence: Sequence(0) }),
         records,
     };
-    state
-        .apply(&mut log, TimestampMs(1), &append)
-        .unwrap()
-        .unwrap();
-    let claim = PartitionCommand::Claim {
-        group: "g".into(),
-        member: "m".into(),
-        generation: Generation(2),
-    };
-    state
-        .apply(&mut log, TimestampMs(1), &claim)
-        .unwrap()
-        .unwrap();
+    state.apply(&mut log, TimestampMs(1), &append).unwrap().unwrap();
+    let claim = PartitionCommand::Claim { group: "g".into(), member: "m".into(), generation: Generation(2) };
+    state.apply(&mut log, TimestampMs(1), &claim).unwrap().unwrap();
     (state, log)
 }
 
 fn partition_rejected(command: PartitionCommand) -> PartitionRejection {
     let (mut state, mut log) = partition();
     let before = (state.clone(), log.clone());
-    let rejection = state
-        .apply(&mut log, TimestampMs(2), &command)
-        .unwrap()
-        .expect_err("command should be rejected");
+    let rejection = state.apply(&mut log, TimestampMs(2), &command).unwrap().expect_err("command should be rejected");
     assert_eq!(
         (state.high_watermark(), state.groups(), state.producers()),
-        (
-            before.0.high_watermark(),
-            before.0.groups(),
-            before.0.producers()
-        )
+        (before.0.high_watermark(), before.0.groups(), before.0.producers())
     );
     assert_eq!(log, before.1);
     state.check_invariants(&log).unwrap();
@@ -352,14 +207,8 @@ fn partition_rejected(command: PartitionCommand) -> PartitionRejection {
 
 fn append(producer: Option<(u64, u64)>, values: &[&[u8]]) -> PartitionCommand {
     PartitionCommand::Append {
-        producer: producer.map(|(p, s)| ProducerBatch {
-            producer: ProducerId(p),
-            sequence: Sequence(s),
-        }),
-        records: values
-            .iter()
-            .map(|v| Record::from_value(v.to_vec()))
-            .collect(),
+        producer: producer.map(|(p, s)| ProducerBatch { producer: ProducerId(p), sequence: Sequence(s) }),
+        records: values.iter().map(|v| Record::from_value(v.to_vec())).collect(),
     }
 }
 
@@ -374,10 +223,7 @@ fn commit(member: &str, generation: u64, offset: u64) -> PartitionCommand {
 
 #[test]
 fn partition_rejections() {
-    assert_eq!(
-        partition_rejected(append(None, &[])),
-        PartitionRejection::EmptyBatch
-    );
+    assert_eq!(partition_rejected(append(None, &[])), PartitionRejection::EmptyBatch);
     assert_eq!(
         partition_rejected(append(None, &[b"a", b"b", b"c"])),
         PartitionRejection::TooManyRecords { count: 3, max: 2 }
@@ -388,32 +234,18 @@ fn partition_rejections() {
     );
     assert!(matches!(
         partition_rejected(append(None, &[b"123456789"])),
-        PartitionRejection::InvalidRecord {
-            index: 0,
-            error: RecordError::ValueTooLarge { .. }
-        }
+        PartitionRejection::InvalidRecord { index: 0, error: RecordError::ValueTooLarge { .. } }
     ));
     assert_eq!(
         partition_rejected(append(Some((1, 3)), &[b"x"])),
-        PartitionRejection::SequenceGap {
-            producer: ProducerId(1),
-            expected: Sequence(1),
-            got: Sequence(3)
-        }
+        PartitionRejection::SequenceGap { producer: ProducerId(1), expected: Sequence(1), got: Sequence(3) }
     );
     assert_eq!(
         partition_rejected(append(Some((2, 1)), &[b"x"])),
-        PartitionRejection::UnknownProducer {
-            producer: ProducerId(2),
-            got: Sequence(1)
-        }
+        PartitionRejection::UnknownProducer { producer: ProducerId(2), got: Sequence(1) }
     );
     assert!(matches!(
-        partition_rejected(PartitionCommand::Claim {
-            group: "".into(),
-            member: "m".into(),
-            generation: Generation(3)
-        }),
+        partition_rejected(PartitionCommand::Claim { group: "".into(), member: "m".into(), generation: Generation(3) }),
         PartitionRejection::InvalidName(_)
     ));
     assert!(matches!(
@@ -422,10 +254,7 @@ fn partition_rejections() {
             member: "m".into(),
             generation: Generation(1)
         }),
-        PartitionRejection::Fenced {
-            current: Generation(2),
-            ..
-        }
+        PartitionRejection::Fenced { current: Generation(2), .. }
     ));
     assert!(matches!(
         partition_rejected(PartitionCommand::Claim {
@@ -443,114 +272,47 @@ fn partition_rejections() {
         }),
         PartitionRejection::TooManyGroups { max: 1 }
     ));
-    assert!(matches!(
-        partition_rejected(commit("m", 1, 0)),
-        PartitionRejection::Fenced { .. }
-    ));
-    assert!(matches!(
-        partition_rejected(commit("n", 2, 0)),
-        PartitionRejection::NotClaimed { .. }
-    ));
-    assert!(matches!(
-        partition_rejected(commit("m", 3, 0)),
-        PartitionRejection::NotClaimed { .. }
-    ));
+    assert!(matches!(partition_rejected(commit("m", 1, 0)), PartitionRejection::Fenced { .. }));
+    assert!(matches!(partition_rejected(commit("n", 2, 0)), PartitionRejection::NotClaimed { .. }));
+    assert!(matches!(partition_rejected(commit("m", 3, 0)), PartitionRejection::NotClaimed { .. }));
     assert_eq!(
         partition_rejected(commit("m", 2, 2)),
-        PartitionRejection::CommitBeyondHighWatermark {
-            offset: Offset(2),
-            high_watermark: Offset(2)
-        }
+        PartitionRejection::CommitBeyondHighWatermark { offset: Offset(2), high_watermark: Offset(2) }
     );
     assert!(matches!(
         partition_rejected(commit("m", 2, u64::MAX)),
         PartitionRejection::CommitBeyondHighWatermark { .. }
     ));
     assert!(matches!(
-        partition_rejected(PartitionCommand::ResetPosition {
-            group: "g".into(),
-            position: Offset(3)
-        }),
+        partition_rejected(PartitionCommand::ResetPosition { group: "g".into(), position: Offset(3) }),
         PartitionRejection::PositionOutOfRange { .. }
     ));
 
     let (mut state, mut log) = partition();
-    state
-        .apply(&mut log, TimestampMs(2), &commit("m", 2, 1))
-        .unwrap()
-        .unwrap();
-    let backwards = state
-        .apply(&mut log, TimestampMs(3), &commit("m", 2, 0))
-        .unwrap();
-    assert_eq!(
-        backwards,
-        Err(PartitionRejection::CommitBackwards {
-            offset: Offset(0),
-            position: Offset(2)
-        })
-    );
+    state.apply(&mut log, TimestampMs(2), &commit("m", 2, 1)).unwrap().unwrap();
+    let backwards = state.apply(&mut log, TimestampMs(3), &commit("m", 2, 0)).unwrap();
+    assert_eq!(backwards, Err(PartitionRejection::CommitBackwards { offset: Offset(0), position: Offset(2) }));
     // Re-committing the same offset is a harmless no-op (a retried ack).
-    assert!(state
-        .apply(&mut log, TimestampMs(3), &commit("m", 2, 1))
-        .unwrap()
-        .is_ok());
+    assert!(state.apply(&mut log, TimestampMs(3), &commit("m", 2, 1)).unwrap().is_ok());
 
     // A retry older than the remembered window cannot be answered.
-    let mut state = PartitionState::new(Limits {
-        producer_batches_remembered_max: 1,
-        ..small_limits()
-    });
+    let mut state = PartitionState::new(Limits { producer_batches_remembered_max: 1, ..small_limits() });
     let mut log = MemoryLog::new();
     for sequence in 0..2 {
-        state
-            .apply(
-                &mut log,
-                TimestampMs(1),
-                &append(Some((1, sequence)), &[b"x"]),
-            )
-            .unwrap()
-            .unwrap();
+        state.apply(&mut log, TimestampMs(1), &append(Some((1, sequence)), &[b"x"])).unwrap().unwrap();
     }
-    let old = state
-        .apply(&mut log, TimestampMs(1), &append(Some((1, 0)), &[b"x"]))
-        .unwrap();
-    assert_eq!(
-        old,
-        Err(PartitionRejection::SequenceTooOld {
-            producer: ProducerId(1),
-            got: Sequence(0)
-        })
-    );
+    let old = state.apply(&mut log, TimestampMs(1), &append(Some((1, 0)), &[b"x"])).unwrap();
+    assert_eq!(old, Err(PartitionRejection::SequenceTooOld { producer: ProducerId(1), got: Sequence(0) }));
 }
 
 #[test]
 fn a_retried_batch_gets_its_original_offsets() {
     let (mut state, mut log) = partition();
     let next = append(Some((1, 1)), &[b"three"]);
-    let first = state
-        .apply(&mut log, TimestampMs(2), &next)
-        .unwrap()
-        .unwrap();
-    let retry = state
-        .apply(&mut log, TimestampMs(3), &next)
-        .unwrap()
-        .unwrap();
+    let first = state.apply(&mut log, TimestampMs(2), &next).unwrap().unwrap();
+    let retry = state.apply(&mut log, TimestampMs(3), &next).unwrap().unwrap();
     use keel_core::partition::PartitionOutcome::Appended;
-    assert_eq!(
-        first,
-        Appended {
-            base_offset: Offset(2),
-            count: 1,
-            duplicate: false
-        }
-    );
-    assert_eq!(
-        retry,
-        Appended {
-            base_offset: Offset(2),
-            count: 1,
-            duplicate: true
-        }
-    );
+    assert_eq!(first, Appended { base_offset: Offset(2), count: 1, duplicate: false });
+    assert_eq!(retry, Appended { base_offset: Offset(2), count: 1, duplicate: true });
     assert_eq!(state.high_watermark(), Offset(3));
 }

@@ -39,19 +39,11 @@ async fn measure(name: &str, leader: Node, group: GroupId, writers: u64, records
             let mut latencies = Vec::new();
             let mut n = writer;
             while n < entries {
-                let records = (0..batch)
-                    .map(|_| Record::from_value(vec![b'x'; 1024]))
-                    .collect();
-                let command = Command::Partition(PartitionCommand::Append {
-                    producer: None,
-                    records,
-                });
+                let records = (0..batch).map(|_| Record::from_value(vec![b'x'; 1024])).collect();
+                let command = Command::Partition(PartitionCommand::Append { producer: None, records });
                 let begun = Instant::now();
                 let response = leader.propose(&group, command).await.expect("commit");
-                assert!(
-                    matches!(response, Response::Partition(Ok(_))),
-                    "{response:?}"
-                );
+                assert!(matches!(response, Response::Partition(Ok(_))), "{response:?}");
                 // Every record of the batch waited this long.
                 latencies.extend((0..batch).map(|_| begun.elapsed()));
                 n += writers;
@@ -69,21 +61,38 @@ async fn measure(name: &str, leader: Node, group: GroupId, writers: u64, records
 fn main() {
     let full = common::full_run();
     let records = if full { 40_000 } else { 256 };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
         let dir = tempfile::TempDir::new().unwrap();
         let mut cluster = LocalCluster::start(dir.path().to_path_buf(), 3, |_| {}).await.unwrap();
-        cluster.eventually("brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 3).await.unwrap();
-        let create = MetadataCommand::CreateTopic { topic: "bench".into(), partitions: 1, replication_factor: 3, retention: RetentionPolicy::default() };
+        cluster
+            .eventually("brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 3)
+            .await
+            .unwrap();
+        let create = MetadataCommand::CreateTopic {
+            topic: "bench".into(),
+            partitions: 1,
+            replication_factor: 3,
+            retention: RetentionPolicy::default(),
+        };
         cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
         let group = GroupId::Partition(TopicPartition::new(TopicName::new("bench").unwrap(), PartitionIndex(0)));
-        cluster.eventually("partition on every broker", DEADLINE, |c| c.live().all(|n| n.groups().contains(&group))).await.unwrap();
+        cluster
+            .eventually("partition on every broker", DEADLINE, |c| c.live().all(|n| n.groups().contains(&group)))
+            .await
+            .unwrap();
         // Warm up and find the leader.
-        cluster.propose(&group, Command::Partition(PartitionCommand::Append { producer: None, records: vec![Record::from_value(b"warm".to_vec())] }), DEADLINE).await.unwrap();
+        cluster
+            .propose(
+                &group,
+                Command::Partition(PartitionCommand::Append {
+                    producer: None,
+                    records: vec![Record::from_value(b"warm".to_vec())],
+                }),
+                DEADLINE,
+            )
+            .await
+            .unwrap();
         let leader_id = cluster.node(1).unwrap().raft(&group).unwrap().current_leader().await.expect("leader");
         let leader = cluster.node(leader_id).unwrap().clone();
 

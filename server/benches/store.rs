@@ -26,15 +26,9 @@ fn entry(index: u64) -> Entry<TypeConfig> {
     let records = vec![Record::from_value(vec![b'x'; 1024])];
     let request = Request {
         at: TimestampMs(0),
-        command: Command::Partition(PartitionCommand::Append {
-            producer: None,
-            records,
-        }),
+        command: Command::Partition(PartitionCommand::Append { producer: None, records }),
     };
-    Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(request),
-    }
+    Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
 }
 
 /// `writers` tasks append `appends` entries in all, round-robin over the
@@ -73,17 +67,14 @@ async fn measure(name: &str, logs: Vec<Arc<Mutex<(LogStore, u64)>>>, writers: us
 fn main() {
     let full = common::full_run();
     let (groups, writers, appends) = if full { (16, 64, 20_000) } else { (4, 8, 200) };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     runtime.block_on(async {
         println!("{groups} groups, {writers} concurrent writers, 1 KiB entries, each append waits for its fsync");
         let dir = tempfile::TempDir::new().unwrap();
         let store = NodeStore::open(dir.path()).unwrap();
         tokio::spawn(store.clone().run_flusher());
-        let logs = (0..groups).map(|g| Arc::new(Mutex::new((LogStore::new(store.clone(), format!("p/t/{g}")), 0)))).collect();
+        let logs =
+            (0..groups).map(|g| Arc::new(Mutex::new((LogStore::new(store.clone(), format!("p/t/{g}")), 0)))).collect();
         measure("one database per node (group commit)", logs, writers, appends).await;
         println!("  fsyncs: {}", store.flush_count().unwrap());
 

@@ -59,8 +59,7 @@ fn true_time_ms() -> u64 {
     // The one place a node reads the system clock; madsim intercepts it.
     #[allow(clippy::disallowed_methods)]
     let now = SystemTime::now();
-    now.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn apply_skew(true_ms: u64, skew: Skew) -> u64 {
@@ -76,23 +75,10 @@ mod tests {
 
     #[test]
     fn skew_adds_offset_and_drift() {
-        let skew = Skew {
-            offset_ms: -500,
-            drift_ppm: 1_000,
-            drift_since_ms: 1_000_000,
-        };
+        let skew = Skew { offset_ms: -500, drift_ppm: 1_000, drift_since_ms: 1_000_000 };
         // 1,000 s after drift started, 1,000 ppm adds 1 s.
         assert_eq!(apply_skew(2_000_000, skew), 2_000_000 - 500 + 1_000);
-        assert_eq!(
-            apply_skew(
-                10,
-                Skew {
-                    offset_ms: -100,
-                    ..Skew::default()
-                }
-            ),
-            0
-        );
+        assert_eq!(apply_skew(10, Skew { offset_ms: -100, ..Skew::default() }), 0);
     }
 
     #[test]

@@ -38,10 +38,7 @@ impl GroupId {
         let (topic, index) = rest.rsplit_once('/').ok_or_else(bad)?;
         let topic = TopicName::new(topic).map_err(|_| bad())?;
         let index: u32 = index.parse().map_err(|_| bad())?;
-        Ok(GroupId::Partition(TopicPartition::new(
-            topic,
-            PartitionIndex(index),
-        )))
+        Ok(GroupId::Partition(TopicPartition::new(topic, PartitionIndex(index))))
     }
 }
 
@@ -57,10 +54,8 @@ mod tests {
 
     #[test]
     fn keys_round_trip_and_bad_keys_are_refused() {
-        let partition = GroupId::Partition(TopicPartition::new(
-            TopicName::new("orders.v2").unwrap(),
-            PartitionIndex(7),
-        ));
+        let partition =
+            GroupId::Partition(TopicPartition::new(TopicName::new("orders.v2").unwrap(), PartitionIndex(7)));
         for group in [GroupId::Metadata, partition] {
             assert_eq!(GroupId::parse(&group.key()).unwrap(), group);
         }

@@ -23,7 +23,7 @@ pub struct LocalCluster {
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     #[error("could not start broker {id}: {source}")]
-    Start { id: NodeId, source: StartError },
+    Start { id: NodeId, source: Box<StartError> },
     #[error("could not find a free loopback port: {0}")]
     Port(std::io::Error),
     #[error("gave up after {0:?}: {1}")]
@@ -40,24 +40,13 @@ fn free_port() -> Result<u16, ClusterError> {
 impl LocalCluster {
     /// Start `n` brokers with data under `root`; `adjust` changes each
     /// broker's config before it starts.
-    pub async fn start(
-        root: PathBuf,
-        n: u64,
-        adjust: fn(&mut NodeConfig),
-    ) -> Result<LocalCluster, ClusterError> {
+    pub async fn start(root: PathBuf, n: u64, adjust: fn(&mut NodeConfig)) -> Result<LocalCluster, ClusterError> {
         let mut voters = BTreeMap::new();
         for id in 1..=n {
             voters.insert(id, format!("127.0.0.1:{}", free_port()?));
         }
-        let dirs = (1..=n)
-            .map(|id| root.join(format!("broker-{id}")))
-            .collect();
-        let mut cluster = LocalCluster {
-            dirs,
-            voters,
-            adjust,
-            nodes: (1..=n).map(|_| None).collect(),
-        };
+        let dirs = (1..=n).map(|id| root.join(format!("broker-{id}"))).collect();
+        let mut cluster = LocalCluster { dirs, voters, adjust, nodes: (1..=n).map(|_| None).collect() };
         for id in 1..=n {
             cluster.restart(id).await?;
         }
@@ -71,13 +60,11 @@ impl LocalCluster {
         let mut config = NodeConfig::new(id, listen, address, self.voters.clone());
         (self.adjust)(&mut config);
         let slot = id as usize - 1;
-        let store = NodeStore::open(&self.dirs[slot]).map_err(|e| ClusterError::Start {
-            id,
-            source: e.into(),
-        })?;
+        let store =
+            NodeStore::open(&self.dirs[slot]).map_err(|e| ClusterError::Start { id, source: Box::new(e.into()) })?;
         let node = Node::start(config, store, Clock::system())
             .await
-            .map_err(|source| ClusterError::Start { id, source })?;
+            .map_err(|e| ClusterError::Start { id, source: Box::new(e) })?;
         self.nodes[slot] = Some(node.clone());
         Ok(node)
     }
@@ -117,10 +104,7 @@ impl LocalCluster {
                 }
             }
             if started.elapsed() > deadline {
-                return Err(ClusterError::Timeout(
-                    deadline,
-                    format!("no leader for {group}"),
-                ));
+                return Err(ClusterError::Timeout(deadline, format!("no leader for {group}")));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

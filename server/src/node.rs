@@ -49,18 +49,16 @@ pub struct NodeConfig {
 
 impl NodeConfig {
     /// A config with keel's defaults for everything but the addresses.
-    pub fn new(
-        id: NodeId,
-        listen: SocketAddr,
-        advertised: String,
-        metadata_voters: BTreeMap<NodeId, String>,
-    ) -> Self {
+    pub fn new(id: NodeId, listen: SocketAddr, advertised: String, metadata_voters: BTreeMap<NodeId, String>) -> Self {
         let raft = openraft::Config {
             cluster_name: "keel".to_string(),
             heartbeat_interval: 100,
             election_timeout_min: 400,
             election_timeout_max: 800,
             install_snapshot_timeout: 2_000,
+            // Snapshot chunks on the wire stay well under gRPC's 4 MiB
+            // default message limit.
+            snapshot_max_chunk_size: 1024 * 1024,
             ..openraft::Config::default()
         };
         NodeConfig {
@@ -92,11 +90,7 @@ pub enum ProposeError {
     #[error("group {group} is not running on this broker")]
     GroupNotHere { group: GroupId },
     #[error("this broker does not lead group {group}; the leader is {leader:?} at {address:?}")]
-    NotLeader {
-        group: GroupId,
-        leader: Option<NodeId>,
-        address: Option<String>,
-    },
+    NotLeader { group: GroupId, leader: Option<NodeId>, address: Option<String> },
     #[error("group {group} failed: {reason}")]
     Raft { group: GroupId, reason: String },
 }
@@ -129,11 +123,7 @@ struct NodeInner {
 
 impl GroupDirectory for NodeInner {
     fn raft(&self, group: &GroupId) -> Option<Raft> {
-        self.groups
-            .lock()
-            .expect("groups")
-            .get(group)
-            .map(|g| g.raft.clone())
+        self.groups.lock().expect("groups").get(group).map(|g| g.raft.clone())
     }
 }
 
@@ -146,11 +136,7 @@ pub struct Node {
 impl Node {
     /// Start a node on an opened store: the flusher, the metadata group,
     /// the transport server, the reconciler and the leader duties.
-    pub async fn start(
-        config: NodeConfig,
-        store: Arc<NodeStore>,
-        clock: Clock,
-    ) -> Result<Node, StartError> {
+    pub async fn start(config: NodeConfig, store: Arc<NodeStore>, clock: Clock) -> Result<Node, StartError> {
         let raft_config = Arc::new(config.raft.clone().validate()?);
         let inner = Arc::new(NodeInner {
             config,
@@ -168,8 +154,8 @@ impl Node {
 
         let applied = Arc::new(Notify::new());
         let initial = GroupStateMachine::initial_metadata(node.inner.config.limits.clone());
-        let metadata_sm = GroupStateMachine::open(store, GroupId::Metadata.key(), initial)?
-            .notify_on_apply(applied.clone());
+        let metadata_sm =
+            GroupStateMachine::open(store, GroupId::Metadata.key(), initial)?.notify_on_apply(applied.clone());
         let metadata = node.start_group(GroupId::Metadata, metadata_sm).await?;
 
         let service = RaftTransportServer::new(TransportService::new(node.inner.clone()));
@@ -177,10 +163,8 @@ impl Node {
         let stop = node.inner.stop_server.clone();
         let server = tokio::spawn(async move {
             let stopped = async move { stop.notified().await };
-            if let Err(error) = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_shutdown(listen, stopped)
-                .await
+            if let Err(error) =
+                tonic::transport::Server::builder().add_service(service).serve_with_shutdown(listen, stopped).await
             {
                 tracing::error!(%error, %listen, "Raft transport server stopped");
             }
@@ -193,14 +177,7 @@ impl Node {
                 .config
                 .metadata_voters
                 .iter()
-                .map(|(id, address)| {
-                    (
-                        *id,
-                        BasicNode {
-                            addr: address.clone(),
-                        },
-                    )
-                })
+                .map(|(id, address)| (*id, BasicNode { addr: address.clone() }))
                 .collect();
             // Every voter proposes the same initial membership; openraft
             // refuses all but the first on an initialised log.
@@ -230,32 +207,13 @@ impl Node {
         self.inner.tasks.lock().expect("tasks").push(handle);
     }
 
-    async fn start_group(
-        &self,
-        group: GroupId,
-        state_machine: GroupStateMachine,
-    ) -> Result<Raft, StartError> {
+    async fn start_group(&self, group: GroupId, state_machine: GroupStateMachine) -> Result<Raft, StartError> {
         let log = LogStore::new(self.inner.store.clone(), group.key());
         let network = GroupNetwork::new(&group, self.inner.peers.clone());
-        let raft = Raft::new(
-            self.id(),
-            self.inner.raft_config.clone(),
-            network,
-            log,
-            state_machine.clone(),
-        )
-        .await
-        .map_err(|e| StartError::Raft {
-            group: group.clone(),
-            reason: e.to_string(),
-        })?;
-        self.inner.groups.lock().expect("groups").insert(
-            group,
-            GroupHandle {
-                raft: raft.clone(),
-                state_machine,
-            },
-        );
+        let raft = Raft::new(self.id(), self.inner.raft_config.clone(), network, log, state_machine.clone())
+            .await
+            .map_err(|e| StartError::Raft { group: group.clone(), reason: e.to_string() })?;
+        self.inner.groups.lock().expect("groups").insert(group, GroupHandle { raft: raft.clone(), state_machine });
         Ok(raft)
     }
 
@@ -266,13 +224,7 @@ impl Node {
 
     /// The groups running here.
     pub fn groups(&self) -> Vec<GroupId> {
-        self.inner
-            .groups
-            .lock()
-            .expect("groups")
-            .keys()
-            .cloned()
-            .collect()
+        self.inner.groups.lock().expect("groups").keys().cloned().collect()
     }
 
     /// A copy of this replica's metadata state.
@@ -290,13 +242,7 @@ impl Node {
 
     /// A copy of this replica's state of a partition, if it is hosted here.
     pub fn partition(&self, partition: &TopicPartition) -> Option<PartitionState> {
-        let handle = self
-            .inner
-            .groups
-            .lock()
-            .expect("groups")
-            .get(&GroupId::Partition(partition.clone()))
-            .cloned()?;
+        let handle = self.inner.groups.lock().expect("groups").get(&GroupId::Partition(partition.clone())).cloned()?;
         let state = handle.state_machine.state();
         let state = state.lock().expect("partition state");
         match &*state {
@@ -311,43 +257,23 @@ impl Node {
         partition: &TopicPartition,
         read: impl FnOnce(&PartitionState, &crate::storage::RecordReader<'_>) -> T,
     ) -> Option<T> {
-        let handle = self
-            .inner
-            .groups
-            .lock()
-            .expect("groups")
-            .get(&GroupId::Partition(partition.clone()))
-            .cloned()?;
+        let handle = self.inner.groups.lock().expect("groups").get(&GroupId::Partition(partition.clone())).cloned()?;
         handle.state_machine.with_records(read).ok().flatten()
     }
 
     /// Propose a command to a group this broker leads; the leader stamps its
     /// own time on it. Returns the applied outcome.
-    pub async fn propose(
-        &self,
-        group: &GroupId,
-        command: Command,
-    ) -> Result<Response, ProposeError> {
-        let raft = self.raft(group).ok_or_else(|| ProposeError::GroupNotHere {
-            group: group.clone(),
-        })?;
-        let request = Request {
-            at: self.inner.clock.now(),
-            command,
-        };
+    pub async fn propose(&self, group: &GroupId, command: Command) -> Result<Response, ProposeError> {
+        let raft = self.raft(group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
+        let request = Request { at: self.inner.clock.now(), command };
         match raft.client_write(request).await {
             Ok(written) => Ok(written.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-                Err(ProposeError::NotLeader {
-                    group: group.clone(),
-                    leader: forward.leader_id,
-                    address: forward.leader_node.map(|n| n.addr),
-                })
-            }
-            Err(error) => Err(ProposeError::Raft {
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => Err(ProposeError::NotLeader {
                 group: group.clone(),
-                reason: error.to_string(),
+                leader: forward.leader_id,
+                address: forward.leader_node.map(|n| n.addr),
             }),
+            Err(error) => Err(ProposeError::Raft { group: group.clone(), reason: error.to_string() }),
         }
     }
 
@@ -367,25 +293,14 @@ impl Node {
                         (
                             b.0,
                             BasicNode {
-                                addr: metadata
-                                    .brokers()
-                                    .get(b)
-                                    .map(|i| i.address.clone())
-                                    .unwrap_or_default(),
+                                addr: metadata.brokers().get(b).map(|i| i.address.clone()).unwrap_or_default(),
                             },
                         )
                     })
                     .collect();
                 let preferred_leader = placement.preferred_leader().map_or(0, |b| b.0);
-                let tp =
-                    TopicPartition::new(topic.clone(), keel_core::PartitionIndex(index as u32));
-                placed.insert(
-                    GroupId::Partition(tp),
-                    PlacedGroup {
-                        preferred_leader,
-                        members,
-                    },
-                );
+                let tp = TopicPartition::new(topic.clone(), keel_core::PartitionIndex(index as u32));
+                placed.insert(GroupId::Partition(tp), PlacedGroup { preferred_leader, members });
             }
         }
         placed
@@ -404,11 +319,7 @@ impl Node {
     /// those running here that are no longer placed here.
     async fn reconcile(&self) -> Result<(), StartError> {
         let placed = self.placed_here();
-        let running: BTreeSet<GroupId> = self
-            .groups()
-            .into_iter()
-            .filter(|g| *g != GroupId::Metadata)
-            .collect();
+        let running: BTreeSet<GroupId> = self.groups().into_iter().filter(|g| *g != GroupId::Metadata).collect();
         for (group, placement) in &placed {
             if running.contains(group) {
                 continue;
@@ -448,10 +359,7 @@ impl Node {
             }
             let registered = self.metadata().brokers().clone();
             for (id, address) in &self.inner.config.metadata_voters {
-                if registered
-                    .get(&BrokerId(*id))
-                    .is_some_and(|b| &b.address == address)
-                {
+                if registered.get(&BrokerId(*id)).is_some_and(|b| &b.address == address) {
                     continue;
                 }
                 let command = Command::Metadata(MetadataCommand::RegisterBroker {
@@ -473,21 +381,11 @@ impl Node {
         self.inner.stop_server.notify_one();
         let server = self.inner.server.lock().expect("server").take();
         if let Some(server) = server {
-            if tokio::time::timeout(Duration::from_secs(5), server)
-                .await
-                .is_err()
-            {
+            if tokio::time::timeout(Duration::from_secs(5), server).await.is_err() {
                 tracing::warn!(node = self.id(), "transport server did not stop within 5 s");
             }
         }
-        let groups: Vec<GroupHandle> = self
-            .inner
-            .groups
-            .lock()
-            .expect("groups")
-            .values()
-            .cloned()
-            .collect();
+        let groups: Vec<GroupHandle> = self.inner.groups.lock().expect("groups").values().cloned().collect();
         for group in groups {
             let _ = group.raft.shutdown().await;
         }
@@ -505,9 +403,6 @@ impl Node {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tracing::warn!(
-            node = self.id(),
-            "node stopped but its store is still in use"
-        );
+        tracing::warn!(node = self.id(), "node stopped but its store is still in use");
     }
 }

@@ -20,10 +20,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 fn append(producer: u64, sequence: u64, value: &str) -> Command {
     Command::Partition(PartitionCommand::Append {
-        producer: Some(ProducerBatch {
-            producer: ProducerId(producer),
-            sequence: Sequence(sequence),
-        }),
+        producer: Some(ProducerBatch { producer: ProducerId(producer), sequence: Sequence(sequence) }),
         records: vec![Record::from_value(value.as_bytes().to_vec())],
     })
 }
@@ -34,13 +31,9 @@ async fn cluster_with_topic(
     topic: &str,
     adjust: fn(&mut NodeConfig),
 ) -> (LocalCluster, TopicPartition, GroupId) {
-    let cluster = LocalCluster::start(dir.path().to_path_buf(), 3, adjust)
-        .await
-        .unwrap();
+    let cluster = LocalCluster::start(dir.path().to_path_buf(), 3, adjust).await.unwrap();
     cluster
-        .eventually("all brokers registered", DEADLINE, |c| {
-            c.node(1).unwrap().metadata().brokers().len() == 3
-        })
+        .eventually("all brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 3)
         .await
         .unwrap();
     let create = MetadataCommand::CreateTopic {
@@ -49,23 +42,12 @@ async fn cluster_with_topic(
         replication_factor: 3,
         retention: RetentionPolicy::default(),
     };
-    let created = cluster
-        .propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE)
-        .await
-        .unwrap();
-    assert!(
-        matches!(
-            created,
-            Response::Metadata(Ok(MetadataOutcome::TopicCreated { .. }))
-        ),
-        "{created:?}"
-    );
+    let created = cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
+    assert!(matches!(created, Response::Metadata(Ok(MetadataOutcome::TopicCreated { .. }))), "{created:?}");
     let partition = TopicPartition::new(TopicName::new(topic).unwrap(), PartitionIndex(0));
     let group = GroupId::Partition(partition.clone());
     cluster
-        .eventually("partition groups on every broker", DEADLINE, |c| {
-            c.live().all(|n| n.groups().contains(&group))
-        })
+        .eventually("partition groups on every broker", DEADLINE, |c| c.live().all(|n| n.groups().contains(&group)))
         .await
         .unwrap();
     (cluster, partition, group)
@@ -75,14 +57,9 @@ fn values(cluster: &LocalCluster, id: u64, partition: &TopicPartition) -> Vec<St
     let records = cluster
         .node(id)
         .unwrap()
-        .read_partition(partition, |state, log| {
-            state.read(log, Offset(0), 1000, u64::MAX).unwrap()
-        })
+        .read_partition(partition, |state, log| state.read(log, Offset(0), 1000, u64::MAX).unwrap())
         .unwrap();
-    records
-        .into_iter()
-        .map(|r| String::from_utf8(r.record.value).unwrap())
-        .collect()
+    records.into_iter().map(|r| String::from_utf8(r.record.value).unwrap()).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -90,14 +67,8 @@ async fn three_brokers_commit_survive_a_kill_and_catch_up_after_restart() {
     let dir = TempDir::new().unwrap();
     let (mut cluster, partition, group) = cluster_with_topic(&dir, "orders", |_| {}).await;
     for sequence in 0..10 {
-        let response = cluster
-            .propose(
-                &group,
-                append(7, sequence, &format!("record-{sequence}")),
-                DEADLINE,
-            )
-            .await
-            .unwrap();
+        let response =
+            cluster.propose(&group, append(7, sequence, &format!("record-{sequence}")), DEADLINE).await.unwrap();
         let expected = Response::Partition(Ok(PartitionOutcome::Appended {
             base_offset: Offset(sequence),
             count: 1,
@@ -107,64 +78,32 @@ async fn three_brokers_commit_survive_a_kill_and_catch_up_after_restart() {
     }
 
     // Kill the broker leading the partition; commits go on with two of three.
-    let leader = cluster
-        .node(1)
-        .unwrap()
-        .raft(&group)
-        .unwrap()
-        .current_leader()
-        .await
-        .expect("a partition leader");
+    let leader = cluster.node(1).unwrap().raft(&group).unwrap().current_leader().await.expect("a partition leader");
     cluster.stop(leader).await;
     for sequence in 10..20 {
-        let response = cluster
-            .propose(
-                &group,
-                append(7, sequence, &format!("record-{sequence}")),
-                DEADLINE,
-            )
-            .await
-            .unwrap();
+        let response =
+            cluster.propose(&group, append(7, sequence, &format!("record-{sequence}")), DEADLINE).await.unwrap();
         assert!(
-            matches!(
-                response,
-                Response::Partition(Ok(PartitionOutcome::Appended {
-                    duplicate: false,
-                    ..
-                }))
-            ),
+            matches!(response, Response::Partition(Ok(PartitionOutcome::Appended { duplicate: false, .. }))),
             "{response:?}"
         );
     }
     // A retry of an acknowledged batch is answered with its original offset.
-    let retry = cluster
-        .propose(&group, append(7, 19, "record-19"), DEADLINE)
-        .await
-        .unwrap();
+    let retry = cluster.propose(&group, append(7, 19, "record-19"), DEADLINE).await.unwrap();
     assert_eq!(
         retry,
-        Response::Partition(Ok(PartitionOutcome::Appended {
-            base_offset: Offset(19),
-            count: 1,
-            duplicate: true
-        }))
+        Response::Partition(Ok(PartitionOutcome::Appended { base_offset: Offset(19), count: 1, duplicate: true }))
     );
 
     // Restart it from its data directory: it reopens its groups and catches up.
     cluster.restart(leader).await.unwrap();
     cluster
         .eventually("restarted broker caught up", DEADLINE, |c| {
-            c.node(leader)
-                .unwrap()
-                .partition(&partition)
-                .is_some_and(|p| p.high_watermark() == Offset(20))
+            c.node(leader).unwrap().partition(&partition).is_some_and(|p| p.high_watermark() == Offset(20))
         })
         .await
         .unwrap();
-    assert_eq!(
-        values(&cluster, leader, &partition),
-        (0..20).map(|i| format!("record-{i}")).collect::<Vec<_>>()
-    );
+    assert_eq!(values(&cluster, leader, &partition), (0..20).map(|i| format!("record-{i}")).collect::<Vec<_>>());
     cluster.shutdown().await;
 }
 
@@ -183,57 +122,25 @@ async fn a_lagging_broker_catches_up_by_snapshot() {
     // Broker 3 goes down; the others write on, snapshot and purge.
     cluster.stop(3).await;
     for sequence in 0..60 {
-        cluster
-            .propose(
-                &group,
-                append(9, sequence, &format!("entry-{sequence}")),
-                DEADLINE,
-            )
-            .await
-            .unwrap();
+        cluster.propose(&group, append(9, sequence, &format!("entry-{sequence}")), DEADLINE).await.unwrap();
     }
     let purged = |c: &LocalCluster, id: u64| {
-        c.node(id)
-            .unwrap()
-            .raft(&group)
-            .unwrap()
-            .metrics()
-            .borrow()
-            .purged
-            .map_or(0, |p| p.index)
+        c.node(id).unwrap().raft(&group).unwrap().metrics().borrow().purged.map_or(0, |p| p.index)
     };
     cluster
-        .eventually("the live brokers purged their logs", DEADLINE, |c| {
-            purged(c, 1) >= 40 && purged(c, 2) >= 40
-        })
+        .eventually("the live brokers purged their logs", DEADLINE, |c| purged(c, 1) >= 40 && purged(c, 2) >= 40)
         .await
         .unwrap();
 
     cluster.restart(3).await.unwrap();
     cluster
         .eventually("broker 3 caught up", DEADLINE, |c| {
-            c.node(3)
-                .unwrap()
-                .partition(&partition)
-                .is_some_and(|p| p.high_watermark() == Offset(60))
+            c.node(3).unwrap().partition(&partition).is_some_and(|p| p.high_watermark() == Offset(60))
         })
         .await
         .unwrap();
-    let snapshot = cluster
-        .node(3)
-        .unwrap()
-        .raft(&group)
-        .unwrap()
-        .metrics()
-        .borrow()
-        .snapshot;
-    assert!(
-        snapshot.is_some_and(|s| s.index >= 40),
-        "broker 3 installed a snapshot: {snapshot:?}"
-    );
-    assert_eq!(
-        values(&cluster, 3, &partition),
-        (0..60).map(|i| format!("entry-{i}")).collect::<Vec<_>>()
-    );
+    let snapshot = cluster.node(3).unwrap().raft(&group).unwrap().metrics().borrow().snapshot;
+    assert!(snapshot.is_some_and(|s| s.index >= 40), "broker 3 installed a snapshot: {snapshot:?}");
+    assert_eq!(values(&cluster, 3, &partition), (0..60).map(|i| format!("entry-{i}")).collect::<Vec<_>>());
     cluster.shutdown().await;
 }

@@ -16,8 +16,7 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 use redb::{
-    Builder, Database, Durability, ReadableDatabase, StorageBackend, TableDefinition, TableError,
-    WriteTransaction,
+    Builder, Database, Durability, ReadableDatabase, StorageBackend, TableDefinition, TableError, WriteTransaction,
 };
 
 const TABLE: TableDefinition<u64, u64> = TableDefinition::new("kv");
@@ -40,11 +39,7 @@ enum KvOp {
 #[derive(Debug, Clone)]
 enum Step {
     /// A write transaction; `crash_seed` picks the crash outcome if the power goes out in it.
-    Commit {
-        ops: Vec<KvOp>,
-        durable: bool,
-        crash_seed: u64,
-    },
+    Commit { ops: Vec<KvOp>, durable: bool, crash_seed: u64 },
     /// Power loss between commits.
     Crash { seed: u64 },
     /// Arms a power-loss point: the disk freezes after this many more writes.
@@ -125,10 +120,7 @@ struct Model {
 
 impl Model {
     fn starting_at(state: State) -> Self {
-        Self {
-            history: vec![state],
-            durable: 0,
-        }
+        Self { history: vec![state], durable: 0 }
     }
 
     fn latest(&self) -> &State {
@@ -154,9 +146,7 @@ impl Model {
         if let Some(offset) = allowed.iter().rposition(|s| s == recovered) {
             return Ok(self.durable + offset);
         }
-        let older = self.history[..self.durable]
-            .iter()
-            .rposition(|s| s == recovered);
+        let older = self.history[..self.durable].iter().rposition(|s| s == recovered);
         Err(older)
     }
 }
@@ -169,21 +159,13 @@ fn apply_to_model(state: &mut State, op: &KvOp) {
         KvOp::Remove(k) => {
             state.remove(&k);
         }
-        KvOp::InsertRun {
-            first,
-            count,
-            value,
-        } => state.extend((first..first + count).map(|k| (k, value))),
-        KvOp::RemoveRun { first, count } => {
-            state.retain(|k, _| !(first..first + count).contains(k))
-        }
+        KvOp::InsertRun { first, count, value } => state.extend((first..first + count).map(|k| (k, value))),
+        KvOp::RemoveRun { first, count } => state.retain(|k, _| !(first..first + count).contains(k)),
     }
 }
 
 fn open(disk: &CrashDisk) -> Result<Database, redb::DatabaseError> {
-    Builder::new()
-        .set_cache_size(CACHE_BYTES)
-        .create_with_backend(disk.clone())
+    Builder::new().set_cache_size(CACHE_BYTES).create_with_backend(disk.clone())
 }
 
 fn read_state(db: &Database) -> Result<State, redb::Error> {
@@ -204,11 +186,7 @@ fn read_state(db: &Database) -> Result<State, redb::Error> {
 /// Everything in a commit short of `commit()` itself.
 fn prepare(db: &Database, ops: &[KvOp], durable: bool) -> Result<WriteTransaction, redb::Error> {
     let mut tx = db.begin_write()?;
-    let durability = if durable {
-        Durability::Immediate
-    } else {
-        Durability::None
-    };
+    let durability = if durable { Durability::Immediate } else { Durability::None };
     tx.set_durability(durability)?;
     {
         let mut table = tx.open_table(TABLE)?;
@@ -227,11 +205,7 @@ fn apply_to_table(table: &mut redb::Table<u64, u64>, op: &KvOp) -> Result<(), re
         KvOp::Remove(k) => {
             table.remove(k)?;
         }
-        KvOp::InsertRun {
-            first,
-            count,
-            value,
-        } => {
+        KvOp::InsertRun { first, count, value } => {
             for k in first..first + count {
                 table.insert(k, value)?;
             }
@@ -251,16 +225,8 @@ struct Harness {
 
 impl Harness {
     fn new(disk: CrashDisk) -> Result<Self, Violation> {
-        let db = open(&disk).map_err(|e| Violation::ReopenFailed {
-            step: 0,
-            error: e.to_string(),
-        })?;
-        Ok(Self {
-            disk,
-            db: Some(db),
-            model: Model::starting_at(State::new()),
-            coverage: Coverage::default(),
-        })
+        let db = open(&disk).map_err(|e| Violation::ReopenFailed { step: 0, error: e.to_string() })?;
+        Ok(Self { disk, db: Some(db), model: Model::starting_at(State::new()), coverage: Coverage::default() })
     }
 
     fn run(mut self, steps: &[Step], final_seed: u64) -> Result<Coverage, Violation> {
@@ -274,11 +240,7 @@ impl Harness {
 
     fn step(&mut self, index: usize, step: &Step) -> Result<(), Violation> {
         match step {
-            Step::Commit {
-                ops,
-                durable,
-                crash_seed,
-            } => self.commit(index, ops, *durable, *crash_seed),
+            Step::Commit { ops, durable, crash_seed } => self.commit(index, ops, *durable, *crash_seed),
             Step::Crash { seed } => self.crash_and_reopen(index, *seed),
             Step::ArmPowerLoss { after_writes } => {
                 self.disk.fail_after_writes(*after_writes);
@@ -290,26 +252,16 @@ impl Harness {
     /// A commit and a read-back. If the power goes out anywhere in them, crash with `seed` and
     /// reopen. The power-loss point freezes the disk right after a write that succeeded, so the
     /// first call to fail can come later: a commit with no I/O left, or the read-back.
-    fn commit(
-        &mut self,
-        step: usize,
-        ops: &[KvOp],
-        durable: bool,
-        seed: u64,
-    ) -> Result<(), Violation> {
+    fn commit(&mut self, step: usize, ops: &[KvOp], durable: bool, seed: u64) -> Result<(), Violation> {
         let outcome = self
             .try_commit(ops, durable)
             .and_then(|()| read_state(self.db.as_ref().expect("a database is open between steps")));
         if self.disk.is_frozen() {
             return self.crash_and_reopen(step, seed);
         }
-        let live =
-            outcome.map_err(|e| live_mismatch(step, format!("redb failed with power on: {e}")))?;
+        let live = outcome.map_err(|e| live_mismatch(step, format!("redb failed with power on: {e}")))?;
         if &live != self.model.latest() {
-            return Err(live_mismatch(
-                step,
-                format!("live {live:?} != model {:?}", self.model.latest()),
-            ));
+            return Err(live_mismatch(step, format!("live {live:?} != model {:?}", self.model.latest())));
         }
         Ok(())
     }
@@ -336,13 +288,9 @@ impl Harness {
         // Drop must not reach the new image.
         drop(self.db.take());
         self.disk = after;
-        let mut db = open(&self.disk).map_err(|e| Violation::ReopenFailed {
-            step,
-            error: e.to_string(),
-        })?;
+        let mut db = open(&self.disk).map_err(|e| Violation::ReopenFailed { step, error: e.to_string() })?;
         check_integrity(&mut db, step)?;
-        let recovered =
-            read_state(&db).map_err(|e| live_mismatch(step, format!("read failed: {e}")))?;
+        let recovered = read_state(&db).map_err(|e| live_mismatch(step, format!("read failed: {e}")))?;
         self.check_recovered(step, recovered)?;
         self.db = Some(db);
         Ok(())
@@ -358,8 +306,7 @@ impl Harness {
             Err(None) => return Err(Violation::UnknownState { step, recovered }),
         };
         self.coverage.recovered_newer_than_durable += u64::from(index > self.model.durable);
-        self.coverage.recovered_older_than_attempted +=
-            u64::from(index + 1 < self.model.history.len());
+        self.coverage.recovered_older_than_attempted += u64::from(index + 1 < self.model.history.len());
         self.model = Model::starting_at(recovered);
         Ok(())
     }
@@ -368,10 +315,7 @@ impl Harness {
 fn check_integrity(db: &mut Database, step: usize) -> Result<(), Violation> {
     match db.check_integrity() {
         Ok(true) => Ok(()),
-        other => Err(Violation::IntegrityCheckFailed {
-            step,
-            outcome: format!("{other:?}"),
-        }),
+        other => Err(Violation::IntegrityCheckFailed { step, outcome: format!("{other:?}") }),
     }
 }
 
@@ -383,17 +327,13 @@ fn live_mismatch(step: usize, detail: String) -> Violation {
 /// so a sweep can count it and go on.
 fn run_sequence(disk: CrashDisk, steps: &[Step], final_seed: u64) -> Result<Coverage, Violation> {
     let run = || Harness::new(disk)?.run(steps, final_seed);
-    panic::catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|payload| {
-        Err(Violation::Panicked {
-            message: panic_message(payload.as_ref()),
-        })
-    })
+    panic::catch_unwind(AssertUnwindSafe(run))
+        .unwrap_or_else(|payload| Err(Violation::Panicked { message: panic_message(payload.as_ref()) }))
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
     let text = payload.downcast_ref::<&str>().map(|s| s.to_string());
-    text.or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic".to_string())
+    text.or_else(|| payload.downcast_ref::<String>().cloned()).unwrap_or_else(|| "non-string panic".to_string())
 }
 
 fn kv_op() -> impl Strategy<Value = KvOp> {
@@ -423,14 +363,7 @@ fn sequence() -> impl Strategy<Value = (Vec<Step>, u64)> {
 fn deterministic_sequences(count: usize) -> Vec<(Vec<Step>, u64)> {
     let mut runner = TestRunner::deterministic();
     let strategy = sequence();
-    (0..count)
-        .map(|_| {
-            strategy
-                .new_tree(&mut runner)
-                .expect("strategy never rejects")
-                .current()
-        })
-        .collect()
+    (0..count).map(|_| strategy.new_tree(&mut runner).expect("strategy never rejects").current()).collect()
 }
 
 proptest! {
@@ -485,10 +418,7 @@ fn lying_disk_is_caught() {
     }
     eprintln!("lying disk, {CASES} cases: first lost commit at case {first_lost:?}; {found:?}");
     let lost = found.get("lost durable commit").copied().unwrap_or(0);
-    assert!(
-        lost >= 20,
-        "the checker caught the planted sync bug only {lost} times"
-    );
+    assert!(lost >= 20, "the checker caught the planted sync bug only {lost} times");
     assert!(first_lost.is_some_and(|case| case < 50));
 }
 
@@ -499,19 +429,12 @@ fn lying_disk_is_caught() {
 fn power_loss_at_every_write_of_a_commit() {
     let template = CrashDisk::new();
     let before = seed_database(&template);
-    let ops = [KvOp::InsertRun {
-        first: 500,
-        count: 900,
-        value: 2,
-    }];
+    let ops = [KvOp::InsertRun { first: 500, count: 900, value: 2 }];
     let mut after = before.clone();
     apply_to_model(&mut after, &ops[0]);
     let writes = writes_in_commit(&template, &ops);
     eprintln!("the commit under test takes {writes} writes");
-    assert!(
-        writes > 3,
-        "a commit this big should take several writes, took {writes}"
-    );
+    assert!(writes > 3, "a commit this big should take several writes, took {writes}");
     // One past the last write lets the commit succeed with the point still armed.
     for cut_after in 0..=writes + 1 {
         for seed in 0..12 {
@@ -520,13 +443,9 @@ fn power_loss_at_every_write_of_a_commit() {
             let crashed = disk.crash(seed);
             drop(db);
             let recovered = reopen_and_read(&crashed);
-            let recovered =
-                recovered.unwrap_or_else(|e| panic!("cut {cut_after} seed {seed}: {e}"));
+            let recovered = recovered.unwrap_or_else(|e| panic!("cut {cut_after} seed {seed}: {e}"));
             let ok = recovered == after || (!acknowledged && recovered == before);
-            assert!(
-                ok,
-                "cut {cut_after} seed {seed}: acknowledged {acknowledged}, wrong state"
-            );
+            assert!(ok, "cut {cut_after} seed {seed}: acknowledged {acknowledged}, wrong state");
         }
     }
 }
@@ -535,11 +454,7 @@ fn power_loss_at_every_write_of_a_commit() {
 /// `template` yields exactly this image.
 fn seed_database(template: &CrashDisk) -> State {
     let db = open(template).unwrap();
-    let ops = [KvOp::InsertRun {
-        first: 0,
-        count: 1_000,
-        value: 1,
-    }];
+    let ops = [KvOp::InsertRun { first: 0, count: 1_000, value: 1 }];
     prepare(&db, &ops, true).unwrap().commit().unwrap();
     let state = read_state(&db).unwrap();
     db.close().unwrap();
@@ -578,14 +493,8 @@ fn reopen_and_read(disk: &CrashDisk) -> Result<State, String> {
 fn frozen_old_handle_shields_the_new_image_from_drop() {
     let disk = CrashDisk::new();
     let db = open(&disk).unwrap();
-    prepare(&db, &[KvOp::Insert(1, 1)], true)
-        .unwrap()
-        .commit()
-        .unwrap();
-    prepare(&db, &[KvOp::Insert(2, 2)], false)
-        .unwrap()
-        .commit()
-        .unwrap();
+    prepare(&db, &[KvOp::Insert(1, 1)], true).unwrap().commit().unwrap();
+    prepare(&db, &[KvOp::Insert(2, 2)], false).unwrap().commit().unwrap();
     let after = disk.crash(0);
     let writes_before_drop = after.stats().writes;
     drop(db);

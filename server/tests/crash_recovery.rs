@@ -40,15 +40,9 @@ fn entry(index: u64) -> Entry<TypeConfig> {
     let records = vec![Record::from_value(format!("value-{index}").into_bytes())];
     let request = Request {
         at: TimestampMs(index),
-        command: Command::Partition(PartitionCommand::Append {
-            producer: None,
-            records,
-        }),
+        command: Command::Partition(PartitionCommand::Append { producer: None, records }),
     };
-    Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-        payload: EntryPayload::Normal(request),
-    }
+    Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
 }
 
 /// What the test has been told is durable.
@@ -67,8 +61,7 @@ struct Opened {
 }
 
 fn open(disk: &CrashDisk) -> Opened {
-    let store =
-        NodeStore::open_with_backend(disk.clone()).expect("the store reopens after a crash");
+    let store = NodeStore::open_with_backend(disk.clone()).expect("the store reopens after a crash");
     let flusher = tokio::spawn(store.clone().run_flusher());
     let log = LogStore::new(store.clone(), GROUP.to_string());
     let state_machine = GroupStateMachine::open(
@@ -77,12 +70,7 @@ fn open(disk: &CrashDisk) -> Opened {
         GroupStateMachine::initial_partition(Limits::default()),
     )
     .expect("state machine");
-    Opened {
-        store,
-        log,
-        state_machine,
-        flusher,
-    }
+    Opened { store, log, state_machine, flusher }
 }
 
 /// Check the reopened store against what was acknowledged.
@@ -95,40 +83,18 @@ async fn check(opened: &mut Opened, acknowledged: &Acknowledged, seed: u64) -> u
         acknowledged.last_index
     );
     let purged = state.last_purged_log_id.map_or(0, |l| l.index);
-    let entries = opened
-        .log
-        .try_get_log_entries(purged + 1..=last)
-        .await
-        .unwrap();
+    let entries = opened.log.try_get_log_entries(purged + 1..=last).await.unwrap();
     let indexes: Vec<u64> = entries.iter().map(|e| e.log_id.index).collect();
-    assert_eq!(
-        indexes,
-        (purged + 1..=last).collect::<Vec<_>>(),
-        "seed {seed}: log has holes"
-    );
+    assert_eq!(indexes, (purged + 1..=last).collect::<Vec<_>>(), "seed {seed}: log has holes");
     for entry in &entries {
-        assert_eq!(
-            entry,
-            &self::entry(entry.log_id.index),
-            "seed {seed}: entry changed"
-        );
+        assert_eq!(entry, &self::entry(entry.log_id.index), "seed {seed}: entry changed");
     }
-    assert_eq!(
-        opened.log.read_vote().await.unwrap(),
-        acknowledged.vote,
-        "seed {seed}: vote lost"
-    );
+    assert_eq!(opened.log.read_vote().await.unwrap(), acknowledged.vote, "seed {seed}: vote lost");
 
     let (applied, _) = opened.state_machine.applied_state().await.unwrap();
     let applied = applied.map_or(0, |l| l.index);
-    assert!(
-        applied >= purged,
-        "seed {seed}: state machine at {applied} is behind the purge point {purged}"
-    );
-    assert!(
-        applied <= last,
-        "seed {seed}: state machine at {applied} is ahead of the log at {last}"
-    );
+    assert!(applied >= purged, "seed {seed}: state machine at {applied} is behind the purge point {purged}");
+    assert!(applied <= last, "seed {seed}: state machine at {applied} is ahead of the log at {last}");
     let records = opened
         .state_machine
         .with_records(|state, reader| {
@@ -137,9 +103,7 @@ async fn check(opened: &mut Opened, acknowledged: &Acknowledged, seed: u64) -> u
                 Offset(applied),
                 "seed {seed}: high watermark disagrees with applied index"
             );
-            state
-                .read(reader, state.log_start(), 100_000, u64::MAX)
-                .unwrap()
+            state.read(reader, state.log_start(), 100_000, u64::MAX).unwrap()
         })
         .unwrap()
         .unwrap();
@@ -180,11 +144,7 @@ async fn run(seed: u64) {
             }
             5..=6 if applied + 1 < next_index => {
                 let upto = applied + 1 + choices.below(next_index - applied - 1);
-                let entries = opened
-                    .log
-                    .try_get_log_entries(applied + 1..=upto)
-                    .await
-                    .unwrap_or_default();
+                let entries = opened.log.try_get_log_entries(applied + 1..=upto).await.unwrap_or_default();
                 match opened.state_machine.apply(entries).await {
                     Ok(_) => {
                         applied = upto;
@@ -237,10 +197,7 @@ async fn run(seed: u64) {
 
 #[test]
 fn no_persisted_entry_is_lost_and_state_agrees_with_the_log() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     for seed in 0..150 {
         runtime.block_on(run(seed));
     }
@@ -250,10 +207,7 @@ fn no_persisted_entry_is_lost_and_state_agrees_with_the_log() {
 fn a_disk_that_forgets_fsyncs_is_caught() {
     // Negative control: on a disk whose fsync does nothing, the same check
     // must find a lost acknowledged entry or vote.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut caught = 0;
     for seed in 0..40 {
         let result = std::panic::catch_unwind(|| {
@@ -262,10 +216,7 @@ fn a_disk_that_forgets_fsyncs_is_caught() {
                 let mut opened = open(&disk);
                 let entries: Vec<_> = (1..=3).map(entry).collect();
                 opened.log.blocking_append(entries).await.unwrap();
-                let acknowledged = Acknowledged {
-                    last_index: 3,
-                    vote: None,
-                };
+                let acknowledged = Acknowledged { last_index: 3, vote: None };
                 opened.flusher.abort();
                 let crashed = disk.crash(seed);
                 drop(opened);
@@ -275,8 +226,5 @@ fn a_disk_that_forgets_fsyncs_is_caught() {
         });
         caught += u32::from(result.is_err());
     }
-    assert!(
-        caught >= 10,
-        "the lying disk was caught in only {caught} of 40 seeds"
-    );
+    assert!(caught >= 10, "the lying disk was caught in only {caught} of 40 seeds");
 }

@@ -44,10 +44,7 @@ struct Trace {
 
 impl Trace {
     fn new() -> Self {
-        Trace {
-            hasher: DefaultHasher::new(),
-            start: madsim::time::Instant::now(),
-        }
+        Trace { hasher: DefaultHasher::new(), start: madsim::time::Instant::now() }
     }
 
     fn record(&mut self, event: impl Hash) {
@@ -62,10 +59,7 @@ impl Trace {
 
 async fn propose(brokers: &[Broker], group: &GroupId, command: Command) -> Response {
     for _attempt in 0..2_000 {
-        let nodes: Vec<Node> = brokers
-            .iter()
-            .filter_map(|b| b.node.lock().unwrap().clone())
-            .collect();
+        let nodes: Vec<Node> = brokers.iter().filter_map(|b| b.node.lock().unwrap().clone()).collect();
         for node in nodes {
             match node.propose(group, command.clone()).await {
                 Ok(response) => return response,
@@ -84,10 +78,7 @@ async fn scenario() -> u64 {
     let mut brokers = Vec::new();
     let mut node_ids = Vec::new();
     for id in 1..=3u64 {
-        let broker = Broker {
-            disk: Arc::new(Mutex::new(CrashDisk::new())),
-            node: Arc::new(Mutex::new(None)),
-        };
+        let broker = Broker { disk: Arc::new(Mutex::new(CrashDisk::new())), node: Arc::new(Mutex::new(None)) };
         let (init_broker, voters) = (broker.clone(), voters.clone());
         let node = handle
             .create_node()
@@ -99,9 +90,7 @@ async fn scenario() -> u64 {
                     let disk = broker.disk.lock().unwrap().clone();
                     let store = NodeStore::open_with_backend(disk).expect("store opens");
                     let config = NodeConfig::new(id, address(id), address(id).to_string(), voters);
-                    let node = Node::start(config, store, Clock::system())
-                        .await
-                        .expect("node starts");
+                    let node = Node::start(config, store, Clock::system()).await.expect("node starts");
                     *broker.node.lock().unwrap() = Some(node);
                     std::future::pending::<()>().await;
                 }
@@ -120,40 +109,24 @@ async fn scenario() -> u64 {
     };
     // Wait until every broker is registered, then place the topic.
     loop {
-        let registered = brokers[0]
-            .node
-            .lock()
-            .unwrap()
-            .as_ref()
-            .map_or(0, |n| n.metadata().brokers().len());
+        let registered = brokers[0].node.lock().unwrap().as_ref().map_or(0, |n| n.metadata().brokers().len());
         if registered == 3 {
             break;
         }
         madsim::time::sleep(Duration::from_millis(100)).await;
     }
-    trace.record(format!(
-        "{:?}",
-        propose(&brokers, &GroupId::Metadata, Command::Metadata(create)).await
-    ));
+    trace.record(format!("{:?}", propose(&brokers, &GroupId::Metadata, Command::Metadata(create)).await));
 
     let partition = TopicPartition::new(TopicName::new("orders").unwrap(), PartitionIndex(0));
     let group = GroupId::Partition(partition.clone());
     let append = |sequence: u64| {
         Command::Partition(PartitionCommand::Append {
-            producer: Some(ProducerBatch {
-                producer: ProducerId(1),
-                sequence: Sequence(sequence),
-            }),
-            records: vec![Record::from_value(
-                format!("record-{sequence}").into_bytes(),
-            )],
+            producer: Some(ProducerBatch { producer: ProducerId(1), sequence: Sequence(sequence) }),
+            records: vec![Record::from_value(format!("record-{sequence}").into_bytes())],
         })
     };
     for sequence in 0..10 {
-        trace.record(format!(
-            "{:?}",
-            propose(&brokers, &group, append(sequence)).await
-        ));
+        trace.record(format!("{:?}", propose(&brokers, &group, append(sequence)).await));
     }
 
     // Power cut on broker 1: freeze its disk (madsim's kill runs
@@ -168,10 +141,7 @@ async fn scenario() -> u64 {
     *brokers[0].node.lock().unwrap() = None;
     *brokers[0].disk.lock().unwrap() = crashed;
     for sequence in 10..20 {
-        trace.record(format!(
-            "{:?}",
-            propose(&brokers, &group, append(sequence)).await
-        ));
+        trace.record(format!("{:?}", propose(&brokers, &group, append(sequence)).await));
     }
 
     handle.restart(node_ids[0]);
@@ -188,18 +158,9 @@ async fn scenario() -> u64 {
         }
         madsim::time::sleep(Duration::from_millis(50)).await;
     }
-    let restarted = brokers[0]
-        .node
-        .lock()
-        .unwrap()
-        .clone()
-        .expect("broker 1 restarted");
+    let restarted = brokers[0].node.lock().unwrap().clone().expect("broker 1 restarted");
     let high_watermark = restarted.partition(&partition).map(|p| p.high_watermark());
-    assert_eq!(
-        high_watermark,
-        Some(Offset(20)),
-        "the restarted broker caught up"
-    );
+    assert_eq!(high_watermark, Some(Offset(20)), "the restarted broker caught up");
     trace.record(high_watermark);
     eprintln!("simulated {:?}", trace.start.elapsed());
     trace.finish()
@@ -215,9 +176,6 @@ fn three_brokers_commit_through_a_power_cut_and_replay_exactly() {
     for seed in [1, 2, 3] {
         let first = run(seed);
         let second = run(seed);
-        assert_eq!(
-            first, second,
-            "seed {seed} did not replay to the same trace"
-        );
+        assert_eq!(first, second, "seed {seed} did not replay to the same trace");
     }
 }

@@ -50,27 +50,19 @@ impl Assignment {
 
     /// Give a partition to a member, replacing any previous owner.
     pub fn set_owner(&mut self, partition: TopicPartition, member: MemberId) {
-        self.owners
-            .entry(partition.topic)
-            .or_default()
-            .insert(partition.partition, member);
+        self.owners.entry(partition.topic).or_default().insert(partition.partition, member);
     }
 
     /// Every (partition, owner), in partition order.
     pub fn iter(&self) -> impl Iterator<Item = (TopicPartition, &MemberId)> + '_ {
         self.owners.iter().flat_map(|(topic, partitions)| {
-            partitions
-                .iter()
-                .map(move |(index, member)| (TopicPartition::new(topic.clone(), *index), member))
+            partitions.iter().map(move |(index, member)| (TopicPartition::new(topic.clone(), *index), member))
         })
     }
 
     /// The partitions a member owns, in order.
     pub fn partitions_of(&self, member: &MemberId) -> Vec<TopicPartition> {
-        self.iter()
-            .filter(|(_, owner)| *owner == member)
-            .map(|(partition, _)| partition)
-            .collect()
+        self.iter().filter(|(_, owner)| *owner == member).map(|(partition, _)| partition).collect()
     }
 
     /// How many partitions each member owns (members owning none are absent).
@@ -110,20 +102,13 @@ impl AssignmentInput<'_> {
     fn eligible_partitions(&self) -> Vec<(TopicPartition, Vec<&MemberId>)> {
         let mut result = Vec::new();
         for (topic, count) in self.topics {
-            let subscribers: Vec<&MemberId> = self
-                .members
-                .iter()
-                .filter(|(_, topics)| topics.contains(topic))
-                .map(|(member, _)| member)
-                .collect();
+            let subscribers: Vec<&MemberId> =
+                self.members.iter().filter(|(_, topics)| topics.contains(topic)).map(|(member, _)| member).collect();
             if subscribers.is_empty() {
                 continue;
             }
             for index in 0..*count {
-                result.push((
-                    TopicPartition::new(topic.clone(), PartitionIndex(index)),
-                    subscribers.clone(),
-                ));
+                result.push((TopicPartition::new(topic.clone(), PartitionIndex(index)), subscribers.clone()));
             }
         }
         result

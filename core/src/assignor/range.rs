@@ -8,12 +8,8 @@ use crate::id::{PartitionIndex, TopicPartition};
 pub(super) fn assign(input: AssignmentInput<'_>) -> Assignment {
     let mut assignment = Assignment::default();
     for (topic, count) in input.topics {
-        let subscribers: Vec<_> = input
-            .members
-            .iter()
-            .filter(|(_, topics)| topics.contains(topic))
-            .map(|(member, _)| member)
-            .collect();
+        let subscribers: Vec<_> =
+            input.members.iter().filter(|(_, topics)| topics.contains(topic)).map(|(member, _)| member).collect();
         if subscribers.is_empty() {
             continue;
         }
@@ -23,10 +19,7 @@ pub(super) fn assign(input: AssignmentInput<'_>) -> Assignment {
         for (position, member) in subscribers.iter().enumerate() {
             let take = share + u32::from((position as u32) < extra);
             for index in next..next + take {
-                assignment.set_owner(
-                    TopicPartition::new(topic.clone(), PartitionIndex(index)),
-                    (*member).clone(),
-                );
+                assignment.set_owner(TopicPartition::new(topic.clone(), PartitionIndex(index)), (*member).clone());
             }
             next += take;
         }

@@ -21,18 +21,14 @@ use crate::id::{MemberId, TopicPartition};
 
 pub(super) fn assign(input: AssignmentInput<'_>) -> Assignment {
     let eligible = input.eligible_partitions();
-    let mut owned: BTreeMap<&MemberId, Vec<TopicPartition>> =
-        input.members.keys().map(|m| (m, Vec::new())).collect();
+    let mut owned: BTreeMap<&MemberId, Vec<TopicPartition>> = input.members.keys().map(|m| (m, Vec::new())).collect();
 
     // 1. Keep.
     let mut unowned = Vec::new();
     for (partition, subscribers) in &eligible {
         match input.previous.owner(partition) {
             Some(previous) if subscribers.contains(&previous) => {
-                owned
-                    .get_mut(previous)
-                    .expect("subscribers are members")
-                    .push(partition.clone());
+                owned.get_mut(previous).expect("subscribers are members").push(partition.clone());
             }
             _ => unowned.push((partition, subscribers)),
         }
@@ -40,28 +36,16 @@ pub(super) fn assign(input: AssignmentInput<'_>) -> Assignment {
 
     // 2. Place.
     for (partition, subscribers) in unowned {
-        let target = subscribers
-            .iter()
-            .min_by_key(|m| (owned[**m].len(), **m))
-            .expect("eligible partitions have subscribers");
-        owned
-            .get_mut(*target)
-            .expect("subscribers are members")
-            .push(partition.clone());
+        let target =
+            subscribers.iter().min_by_key(|m| (owned[**m].len(), **m)).expect("eligible partitions have subscribers");
+        owned.get_mut(*target).expect("subscribers are members").push(partition.clone());
     }
 
     // 3. Balance.
-    let subscribers_of: BTreeMap<&TopicPartition, &Vec<&MemberId>> =
-        eligible.iter().map(|(p, s)| (p, s)).collect();
+    let subscribers_of: BTreeMap<&TopicPartition, &Vec<&MemberId>> = eligible.iter().map(|(p, s)| (p, s)).collect();
     while let Some((donor, receiver, position)) = next_move(&owned, &subscribers_of) {
-        let partition = owned
-            .get_mut(donor)
-            .expect("donor is a member")
-            .remove(position);
-        owned
-            .get_mut(receiver)
-            .expect("receiver is a member")
-            .push(partition);
+        let partition = owned.get_mut(donor).expect("donor is a member").remove(position);
+        owned.get_mut(receiver).expect("receiver is a member").push(partition);
     }
 
     let mut assignment = Assignment::default();
@@ -90,9 +74,7 @@ fn next_move<'m>(
             if taken.len() + 1 >= given.len() {
                 break;
             }
-            let movable = given
-                .iter()
-                .rposition(|p| subscribers_of[p].contains(receiver));
+            let movable = given.iter().rposition(|p| subscribers_of[p].contains(receiver));
             if let Some(position) = movable {
                 return Some((donor, receiver, position));
             }

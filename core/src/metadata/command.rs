@@ -10,10 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::state::RetentionPolicy;
 use crate::assignor::AssignorKind;
-use crate::id::{
-    BrokerId, Generation, MemberId, NameError, PartitionIndex, ProducerId, TopicName,
-    TopicPartition,
-};
+use crate::id::{BrokerId, Generation, MemberId, NameError, PartitionIndex, ProducerId, TopicName, TopicPartition};
 use crate::placement::{PartitionPlacement, PlacementError};
 
 /// A change to the cluster's metadata. The leader stamps each with its own
@@ -25,38 +22,20 @@ pub enum MetadataCommand {
     /// Remove a broker that holds no replicas.
     RemoveBroker { broker: BrokerId },
     /// Create a topic and place all of its partitions, or none.
-    CreateTopic {
-        topic: String,
-        partitions: u32,
-        replication_factor: u32,
-        retention: RetentionPolicy,
-    },
+    CreateTopic { topic: String, partitions: u32, replication_factor: u32, retention: RetentionPolicy },
     /// Delete a topic and hand its partitions out of every group.
     DeleteTopic { topic: String },
     /// Move one partition's replicas to another set of brokers.
-    MoveReplicas {
-        topic: String,
-        partition: PartitionIndex,
-        replicas: Vec<BrokerId>,
-    },
+    MoveReplicas { topic: String, partition: PartitionIndex, replicas: Vec<BrokerId> },
     /// Add a member to a group (creating the group), or change its
     /// subscription. Rejoining with the same subscription changes nothing.
-    JoinGroup {
-        group: String,
-        member: String,
-        topics: Vec<String>,
-        session_timeout_ms: u64,
-        assignor: AssignorKind,
-    },
+    JoinGroup { group: String, member: String, topics: Vec<String>, session_timeout_ms: u64, assignor: AssignorKind },
     /// Remove a member; its partitions are handed on at once.
     LeaveGroup { group: String, member: String },
     /// Remove members whose sessions lapsed on the coordinator. Each member
     /// is named with the epoch it joined with, so a member that rejoined after
     /// the coordinator decided is left alone.
-    ExpireMembers {
-        group: String,
-        members: Vec<(String, u64)>,
-    },
+    ExpireMembers { group: String, members: Vec<(String, u64)> },
     /// Hand out a fresh idempotent producer id.
     AllocateProducerId,
 }
@@ -127,16 +106,9 @@ pub enum MetadataRejection {
     #[error("the cluster already has {max} topics: delete one or raise topics_max")]
     TooManyTopics { max: u32 },
     #[error("topic {topic} has {partitions} partitions, so partition {partition} does not exist")]
-    UnknownPartition {
-        topic: TopicName,
-        partition: PartitionIndex,
-        partitions: u32,
-    },
+    UnknownPartition { topic: TopicName, partition: PartitionIndex, partitions: u32 },
     #[error("replica set {replicas:?} is not usable: {reason}")]
-    InvalidReplicas {
-        replicas: Vec<BrokerId>,
-        reason: String,
-    },
+    InvalidReplicas { replicas: Vec<BrokerId>, reason: String },
     #[error("group {group} does not exist: join it first, or check the name")]
     UnknownGroup { group: String },
     #[error("member {member} is not in group {group}: join the group again")]
@@ -152,11 +124,7 @@ pub enum MetadataRejection {
     #[error("group {group} already has {max} members: raise members_per_group_max")]
     TooManyMembers { group: String, max: u32 },
     #[error("group {group} uses the {current:?} assignor, not {requested:?}: join with the group's assignor")]
-    AssignorMismatch {
-        group: String,
-        current: AssignorKind,
-        requested: AssignorKind,
-    },
+    AssignorMismatch { group: String, current: AssignorKind, requested: AssignorKind },
     #[error("producer ids are exhausted")]
     ProducerIdsExhausted,
 }
@@ -165,23 +133,14 @@ pub enum MetadataRejection {
 pub type MetadataResult = Result<MetadataOutcome, MetadataRejection>;
 
 /// Subscriptions as a set of validated names.
-pub(super) fn validate_subscription(
-    topics: &[String],
-    max: u32,
-) -> Result<BTreeSet<TopicName>, MetadataRejection> {
+pub(super) fn validate_subscription(topics: &[String], max: u32) -> Result<BTreeSet<TopicName>, MetadataRejection> {
     if topics.is_empty() {
         return Err(MetadataRejection::EmptySubscription);
     }
     if topics.len() as u64 > u64::from(max) {
-        return Err(MetadataRejection::TooManySubscriptions {
-            count: topics.len() as u64,
-            max,
-        });
+        return Err(MetadataRejection::TooManySubscriptions { count: topics.len() as u64, max });
     }
-    topics
-        .iter()
-        .map(|t| TopicName::new(t.as_str()).map_err(MetadataRejection::from))
-        .collect()
+    topics.iter().map(|t| TopicName::new(t.as_str()).map_err(MetadataRejection::from)).collect()
 }
 
 /// A validated member id.

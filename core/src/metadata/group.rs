@@ -53,24 +53,14 @@ impl GroupInfo {
     /// Recompute the assignment from `partition_counts` (every existing
     /// topic's partition count); bump the generation if it changed.
     pub fn rebalance(&mut self, partition_counts: &BTreeMap<TopicName, u32>) {
-        let subscriptions: BTreeMap<MemberId, BTreeSet<TopicName>> = self
-            .members
-            .iter()
-            .map(|(id, member)| (id.clone(), member.topics.clone()))
-            .collect();
+        let subscriptions: BTreeMap<MemberId, BTreeSet<TopicName>> =
+            self.members.iter().map(|(id, member)| (id.clone(), member.topics.clone())).collect();
         let subscribed: BTreeSet<&TopicName> = subscriptions.values().flatten().collect();
-        let topics: BTreeMap<TopicName, u32> = partition_counts
-            .iter()
-            .filter(|(t, _)| subscribed.contains(t))
-            .map(|(t, c)| (t.clone(), *c))
-            .collect();
+        let topics: BTreeMap<TopicName, u32> =
+            partition_counts.iter().filter(|(t, _)| subscribed.contains(t)).map(|(t, c)| (t.clone(), *c)).collect();
         let next = assign(
             self.assignor,
-            AssignmentInput {
-                topics: &topics,
-                members: &subscriptions,
-                previous: &self.assignment,
-            },
+            AssignmentInput { topics: &topics, members: &subscriptions, previous: &self.assignment },
         );
         if next != self.assignment {
             self.assignment = next;

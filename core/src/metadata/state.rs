@@ -5,15 +5,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::command::{
-    validate_member, validate_subscription, MetadataCommand, MetadataOutcome, MetadataRejection,
-    MetadataResult,
+    validate_member, validate_subscription, MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult,
 };
 use super::group::{GroupInfo, MemberInfo};
 use crate::assignor::AssignorKind;
-use crate::id::{
-    BrokerId, GroupName, MemberId, PartitionIndex, ProducerId, TimestampMs, TopicName,
-    TopicPartition,
-};
+use crate::id::{BrokerId, GroupName, MemberId, PartitionIndex, ProducerId, TimestampMs, TopicName, TopicPartition};
 use crate::invariant::{ensure, InvariantViolation};
 use crate::limits::Limits;
 use crate::placement::{place_partitions, PartitionPlacement, PlacementLoad};
@@ -111,43 +107,25 @@ impl MetadataState {
 
     fn apply_inner(&mut self, at: TimestampMs, command: &MetadataCommand) -> MetadataResult {
         match command {
-            MetadataCommand::RegisterBroker { broker, address } => {
-                self.register_broker(at, *broker, address)
-            }
+            MetadataCommand::RegisterBroker { broker, address } => self.register_broker(at, *broker, address),
             MetadataCommand::RemoveBroker { broker } => self.remove_broker(*broker),
-            MetadataCommand::CreateTopic {
-                topic,
-                partitions,
-                replication_factor,
-                retention,
-            } => self.create_topic(at, topic, *partitions, *replication_factor, *retention),
-            MetadataCommand::DeleteTopic { topic } => self.delete_topic(topic),
-            MetadataCommand::MoveReplicas {
-                topic,
-                partition,
-                replicas,
-            } => self.move_replicas(topic, *partition, replicas),
-            MetadataCommand::JoinGroup {
-                group,
-                member,
-                topics,
-                session_timeout_ms,
-                assignor,
-            } => self.join_group(at, group, member, topics, *session_timeout_ms, *assignor),
-            MetadataCommand::LeaveGroup { group, member } => self.leave_group(group, member),
-            MetadataCommand::ExpireMembers { group, members } => {
-                self.expire_members(group, members)
+            MetadataCommand::CreateTopic { topic, partitions, replication_factor, retention } => {
+                self.create_topic(at, topic, *partitions, *replication_factor, *retention)
             }
+            MetadataCommand::DeleteTopic { topic } => self.delete_topic(topic),
+            MetadataCommand::MoveReplicas { topic, partition, replicas } => {
+                self.move_replicas(topic, *partition, replicas)
+            }
+            MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor } => {
+                self.join_group(at, group, member, topics, *session_timeout_ms, *assignor)
+            }
+            MetadataCommand::LeaveGroup { group, member } => self.leave_group(group, member),
+            MetadataCommand::ExpireMembers { group, members } => self.expire_members(group, members),
             MetadataCommand::AllocateProducerId => self.allocate_producer_id(),
         }
     }
 
-    fn register_broker(
-        &mut self,
-        at: TimestampMs,
-        broker: BrokerId,
-        address: &str,
-    ) -> MetadataResult {
+    fn register_broker(&mut self, at: TimestampMs, broker: BrokerId, address: &str) -> MetadataResult {
         let max = self.limits.broker_address_bytes_max as usize;
         let reason = if address.is_empty() {
             Some("it is empty: give host:port".to_string())
@@ -164,24 +142,11 @@ impl MetadataState {
                 reason,
             });
         }
-        if !self.brokers.contains_key(&broker)
-            && self.brokers.len() as u64 >= u64::from(self.limits.brokers_max)
-        {
-            return Err(MetadataRejection::TooManyBrokers {
-                max: self.limits.brokers_max,
-            });
+        if !self.brokers.contains_key(&broker) && self.brokers.len() as u64 >= u64::from(self.limits.brokers_max) {
+            return Err(MetadataRejection::TooManyBrokers { max: self.limits.brokers_max });
         }
-        let registered_at = self
-            .brokers
-            .get(&broker)
-            .map_or(at, |known| known.registered_at);
-        self.brokers.insert(
-            broker,
-            BrokerInfo {
-                address: address.to_string(),
-                registered_at,
-            },
-        );
+        let registered_at = self.brokers.get(&broker).map_or(at, |known| known.registered_at);
+        self.brokers.insert(broker, BrokerInfo { address: address.to_string(), registered_at });
         Ok(MetadataOutcome::BrokerRegistered { broker })
     }
 
@@ -199,11 +164,7 @@ impl MetadataState {
 
     /// How many partition replicas a broker holds.
     pub fn replicas_on(&self, broker: BrokerId) -> u64 {
-        self.topics
-            .values()
-            .flat_map(|t| &t.partitions)
-            .filter(|p| p.replicas.contains(&broker))
-            .count() as u64
+        self.topics.values().flat_map(|t| &t.partitions).filter(|p| p.replicas.contains(&broker)).count() as u64
     }
 
     fn create_topic(
@@ -231,23 +192,11 @@ impl MetadataState {
             });
         }
         if self.topics.len() as u64 >= u64::from(self.limits.topics_max) {
-            return Err(MetadataRejection::TooManyTopics {
-                max: self.limits.topics_max,
-            });
+            return Err(MetadataRejection::TooManyTopics { max: self.limits.topics_max });
         }
         let brokers: BTreeSet<BrokerId> = self.brokers.keys().copied().collect();
-        let placements = place_partitions(
-            &brokers,
-            &self.placement_load(),
-            partitions,
-            replication_factor,
-        )?;
-        let info = TopicInfo {
-            partitions: placements.clone(),
-            replication_factor,
-            retention,
-            created_at: at,
-        };
+        let placements = place_partitions(&brokers, &self.placement_load(), partitions, replication_factor)?;
+        let info = TopicInfo { partitions: placements.clone(), replication_factor, retention, created_at: at };
         self.topics.insert(topic.clone(), info);
         self.rebalance_groups_subscribed_to(&topic);
         Ok(MetadataOutcome::TopicCreated { topic, placements })
@@ -264,23 +213,13 @@ impl MetadataState {
     fn delete_topic(&mut self, topic: &str) -> MetadataResult {
         let name = TopicName::new(topic)?;
         let Some(info) = self.topics.remove(&name) else {
-            return Err(MetadataRejection::UnknownTopic {
-                topic: topic.to_string(),
-            });
+            return Err(MetadataRejection::UnknownTopic { topic: topic.to_string() });
         };
         self.rebalance_groups_subscribed_to(&name);
-        Ok(MetadataOutcome::TopicDeleted {
-            topic: name,
-            partitions: info.partitions.len() as u32,
-        })
+        Ok(MetadataOutcome::TopicDeleted { topic: name, partitions: info.partitions.len() as u32 })
     }
 
-    fn move_replicas(
-        &mut self,
-        topic: &str,
-        partition: PartitionIndex,
-        replicas: &[BrokerId],
-    ) -> MetadataResult {
+    fn move_replicas(&mut self, topic: &str, partition: PartitionIndex, replicas: &[BrokerId]) -> MetadataResult {
         let name = TopicName::new(topic)?;
         let distinct: BTreeSet<BrokerId> = replicas.iter().copied().collect();
         let reason = if replicas.is_empty() {
@@ -288,34 +227,19 @@ impl MetadataState {
         } else if distinct.len() != replicas.len() {
             Some("it names a broker twice".to_string())
         } else if replicas.len() as u64 > u64::from(self.limits.replication_factor_max) {
-            Some(format!(
-                "it has more than {} replicas",
-                self.limits.replication_factor_max
-            ))
+            Some(format!("it has more than {} replicas", self.limits.replication_factor_max))
         } else {
-            distinct
-                .iter()
-                .find(|b| !self.brokers.contains_key(b))
-                .map(|b| format!("broker {b} is not registered"))
+            distinct.iter().find(|b| !self.brokers.contains_key(b)).map(|b| format!("broker {b} is not registered"))
         };
         let Some(info) = self.topics.get_mut(&name) else {
-            return Err(MetadataRejection::UnknownTopic {
-                topic: topic.to_string(),
-            });
+            return Err(MetadataRejection::UnknownTopic { topic: topic.to_string() });
         };
         let partitions = info.partitions.len() as u32;
         let Some(placement) = info.partitions.get_mut(partition.0 as usize) else {
-            return Err(MetadataRejection::UnknownPartition {
-                topic: name,
-                partition,
-                partitions,
-            });
+            return Err(MetadataRejection::UnknownPartition { topic: name, partition, partitions });
         };
         if let Some(reason) = reason {
-            return Err(MetadataRejection::InvalidReplicas {
-                replicas: replicas.to_vec(),
-                reason,
-            });
+            return Err(MetadataRejection::InvalidReplicas { replicas: replicas.to_vec(), reason });
         }
         let from = std::mem::replace(&mut placement.replicas, replicas.to_vec());
         Ok(MetadataOutcome::ReplicasMoved {
@@ -337,23 +261,12 @@ impl MetadataState {
         let group_name = GroupName::new(group)?;
         let member_id = validate_member(member)?;
         let subscription = validate_subscription(topics, self.limits.subscriptions_per_member_max)?;
-        let (min, max) = (
-            self.limits.session_timeout_ms_min,
-            self.limits.session_timeout_ms_max,
-        );
+        let (min, max) = (self.limits.session_timeout_ms_min, self.limits.session_timeout_ms_max);
         if !(min..=max).contains(&session_timeout_ms) {
-            return Err(MetadataRejection::SessionTimeoutOutOfRange {
-                requested: session_timeout_ms,
-                min,
-                max,
-            });
+            return Err(MetadataRejection::SessionTimeoutOutOfRange { requested: session_timeout_ms, min, max });
         }
-        if !self.groups.contains_key(&group_name)
-            && self.groups.len() as u64 >= u64::from(self.limits.groups_max)
-        {
-            return Err(MetadataRejection::TooManyGroups {
-                max: self.limits.groups_max,
-            });
+        if !self.groups.contains_key(&group_name) && self.groups.len() as u64 >= u64::from(self.limits.groups_max) {
+            return Err(MetadataRejection::TooManyGroups { max: self.limits.groups_max });
         }
         if let Some(existing) = self.groups.get(&group_name) {
             if existing.assignor != assignor && !existing.members.is_empty() {
@@ -373,25 +286,18 @@ impl MetadataState {
             }
         }
         let counts = self.partition_counts();
-        let info = self
-            .groups
-            .entry(group_name)
-            .or_insert_with(|| GroupInfo::new(assignor));
+        let info = self.groups.entry(group_name).or_insert_with(|| GroupInfo::new(assignor));
         info.assignor = assignor;
-        let unchanged = info.members.get(&member_id).is_some_and(|m| {
-            m.topics == subscription && m.session_timeout_ms == session_timeout_ms
-        });
+        let unchanged = info
+            .members
+            .get(&member_id)
+            .is_some_and(|m| m.topics == subscription && m.session_timeout_ms == session_timeout_ms);
         if !unchanged {
             let member_epoch = info.next_member_epoch;
             info.next_member_epoch += 1;
             info.members.insert(
                 member_id.clone(),
-                MemberInfo {
-                    topics: subscription,
-                    session_timeout_ms,
-                    member_epoch,
-                    joined_at: at,
-                },
+                MemberInfo { topics: subscription, session_timeout_ms, member_epoch, joined_at: at },
             );
             info.rebalance(&counts);
         }
@@ -406,40 +312,27 @@ impl MetadataState {
         let (group_name, member_id) = (GroupName::new(group)?, validate_member(member)?);
         let counts = self.partition_counts();
         let Some(info) = self.groups.get_mut(&group_name) else {
-            return Err(MetadataRejection::UnknownGroup {
-                group: group.to_string(),
-            });
+            return Err(MetadataRejection::UnknownGroup { group: group.to_string() });
         };
         if info.members.remove(&member_id).is_none() {
-            return Err(MetadataRejection::UnknownMember {
-                group: group.to_string(),
-                member: member.to_string(),
-            });
+            return Err(MetadataRejection::UnknownMember { group: group.to_string(), member: member.to_string() });
         }
         info.rebalance(&counts);
-        Ok(MetadataOutcome::Left {
-            generation: info.generation,
-        })
+        Ok(MetadataOutcome::Left { generation: info.generation })
     }
 
     fn expire_members(&mut self, group: &str, members: &[(String, u64)]) -> MetadataResult {
         let group_name = GroupName::new(group)?;
         let counts = self.partition_counts();
         let Some(info) = self.groups.get_mut(&group_name) else {
-            return Err(MetadataRejection::UnknownGroup {
-                group: group.to_string(),
-            });
+            return Err(MetadataRejection::UnknownGroup { group: group.to_string() });
         };
         let mut expired = Vec::new();
         for (member, epoch) in members {
             let Ok(member_id) = MemberId::new(member.as_str()) else {
                 continue;
             };
-            if info
-                .members
-                .get(&member_id)
-                .is_some_and(|m| m.member_epoch == *epoch)
-            {
+            if info.members.get(&member_id).is_some_and(|m| m.member_epoch == *epoch) {
                 info.members.remove(&member_id);
                 expired.push(member_id);
             }
@@ -447,10 +340,7 @@ impl MetadataState {
         if !expired.is_empty() {
             info.rebalance(&counts);
         }
-        Ok(MetadataOutcome::MembersExpired {
-            generation: info.generation,
-            expired,
-        })
+        Ok(MetadataOutcome::MembersExpired { generation: info.generation, expired })
     }
 
     fn allocate_producer_id(&mut self) -> MetadataResult {
@@ -464,10 +354,7 @@ impl MetadataState {
 
     /// Every existing topic's partition count.
     pub fn partition_counts(&self) -> BTreeMap<TopicName, u32> {
-        self.topics
-            .iter()
-            .map(|(name, info)| (name.clone(), info.partitions.len() as u32))
-            .collect()
+        self.topics.iter().map(|(name, info)| (name.clone(), info.partitions.len() as u32)).collect()
     }
 
     fn rebalance_groups_subscribed_to(&mut self, topic: &TopicName) {
@@ -479,35 +366,21 @@ impl MetadataState {
 
     /// Check every invariant of the metadata state.
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        ensure(
-            self.brokers.len() as u64 <= u64::from(self.limits.brokers_max),
-            || "more brokers than brokers_max".into(),
-        )?;
-        ensure(
-            self.topics.len() as u64 <= u64::from(self.limits.topics_max),
-            || "more topics than topics_max".into(),
-        )?;
-        ensure(
-            self.groups.len() as u64 <= u64::from(self.limits.groups_max),
-            || "more groups than groups_max".into(),
-        )?;
-        ensure(self.next_producer_id.0 >= 1, || {
-            "producer id 0 is reserved".into()
+        ensure(self.brokers.len() as u64 <= u64::from(self.limits.brokers_max), || {
+            "more brokers than brokers_max".into()
         })?;
+        ensure(self.topics.len() as u64 <= u64::from(self.limits.topics_max), || "more topics than topics_max".into())?;
+        ensure(self.groups.len() as u64 <= u64::from(self.limits.groups_max), || "more groups than groups_max".into())?;
+        ensure(self.next_producer_id.0 >= 1, || "producer id 0 is reserved".into())?;
         for (name, topic) in &self.topics {
             let count = topic.partitions.len() as u64;
-            ensure(
-                count >= 1 && count <= u64::from(self.limits.partitions_per_topic_max),
-                || format!("topic {name} has {count} partitions"),
-            )?;
+            ensure(count >= 1 && count <= u64::from(self.limits.partitions_per_topic_max), || {
+                format!("topic {name} has {count} partitions")
+            })?;
             for (index, placement) in topic.partitions.iter().enumerate() {
                 let distinct: BTreeSet<_> = placement.replicas.iter().collect();
-                ensure(!placement.replicas.is_empty(), || {
-                    format!("{name}/{index} has no replicas")
-                })?;
-                ensure(distinct.len() == placement.replicas.len(), || {
-                    format!("{name}/{index} repeats a broker")
-                })?;
+                ensure(!placement.replicas.is_empty(), || format!("{name}/{index} has no replicas"))?;
+                ensure(distinct.len() == placement.replicas.len(), || format!("{name}/{index} repeats a broker"))?;
                 for broker in &placement.replicas {
                     ensure(self.brokers.contains_key(broker), || {
                         format!("{name}/{index} is on unknown broker {broker}")
@@ -517,43 +390,25 @@ impl MetadataState {
         }
         let counts = self.partition_counts();
         for (name, group) in &self.groups {
-            ensure(
-                group.members.len() as u64 <= u64::from(self.limits.members_per_group_max),
-                || format!("group {name} is over members_per_group_max"),
-            )?;
+            ensure(group.members.len() as u64 <= u64::from(self.limits.members_per_group_max), || {
+                format!("group {name} is over members_per_group_max")
+            })?;
             for (partition, owner) in group.assignment.iter() {
                 let member = group.members.get(owner);
-                ensure(member.is_some(), || {
-                    format!("group {name}: {partition} owned by non-member {owner}")
+                ensure(member.is_some(), || format!("group {name}: {partition} owned by non-member {owner}"))?;
+                ensure(member.is_some_and(|m| m.topics.contains(&partition.topic)), || {
+                    format!("group {name}: {owner} owns unsubscribed {partition}")
                 })?;
-                ensure(
-                    member.is_some_and(|m| m.topics.contains(&partition.topic)),
-                    || format!("group {name}: {owner} owns unsubscribed {partition}"),
-                )?;
-                ensure(
-                    counts
-                        .get(&partition.topic)
-                        .is_some_and(|c| partition.partition.0 < *c),
-                    || format!("group {name}: {partition} does not exist"),
-                )?;
-                ensure(
-                    group
-                        .members
-                        .values()
-                        .all(|m| m.member_epoch < group.next_member_epoch),
-                    || format!("group {name}: member epoch not below next"),
-                )?;
+                ensure(counts.get(&partition.topic).is_some_and(|c| partition.partition.0 < *c), || {
+                    format!("group {name}: {partition} does not exist")
+                })?;
+                ensure(group.members.values().all(|m| m.member_epoch < group.next_member_epoch), || {
+                    format!("group {name}: member epoch not below next")
+                })?;
             }
-            let expected: u64 = counts
-                .iter()
-                .filter(|(t, _)| group.subscribes_to(t))
-                .map(|(_, c)| u64::from(*c))
-                .sum();
+            let expected: u64 = counts.iter().filter(|(t, _)| group.subscribes_to(t)).map(|(_, c)| u64::from(*c)).sum();
             ensure(group.assignment.len() as u64 == expected, || {
-                format!(
-                    "group {name}: {} of {expected} partitions assigned",
-                    group.assignment.len()
-                )
+                format!("group {name}: {} of {expected} partitions assigned", group.assignment.len())
             })?;
         }
         Ok(())

@@ -19,24 +19,12 @@ pub struct ProducerBatch {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PartitionCommand {
     /// Append a batch of records, idempotently if `producer` is set.
-    Append {
-        producer: Option<ProducerBatch>,
-        records: Vec<Record>,
-    },
+    Append { producer: Option<ProducerBatch>, records: Vec<Record> },
     /// Claim the partition for a group's member in a generation (G5): from
     /// then on, commits from older generations are fenced.
-    Claim {
-        group: String,
-        member: String,
-        generation: Generation,
-    },
+    Claim { group: String, member: String, generation: Generation },
     /// Commit every offset up to and including `offset` for the group (G4).
-    Commit {
-        group: String,
-        member: String,
-        generation: Generation,
-        offset: Offset,
-    },
+    Commit { group: String, member: String, generation: Generation, offset: Offset },
     /// Set a group's position (the next offset it reads) by hand; the admin
     /// path, allowed only while the group has no members (checked by the
     /// server against the metadata group).
@@ -90,42 +78,25 @@ pub enum PartitionRejection {
     #[error("record {index} of the batch: {error}")]
     InvalidRecord { index: u32, error: RecordError },
     #[error("producer {producer} sent sequence {got} but {expected} was next: resend the missing batches in order")]
-    SequenceGap {
-        producer: ProducerId,
-        expected: Sequence,
-        got: Sequence,
-    },
+    SequenceGap { producer: ProducerId, expected: Sequence, got: Sequence },
     #[error("producer {producer} resent sequence {got}, older than the retries this partition remembers: it was appended; do not resend it")]
     SequenceTooOld { producer: ProducerId, got: Sequence },
     #[error("producer {producer} is not known here and sent sequence {got}, not 0: its state expired; restart it with a new producer id")]
     UnknownProducer { producer: ProducerId, got: Sequence },
     #[error("the partition's offsets are exhausted")]
     OffsetOverflow,
-    #[error("group {group} generation {generation} is fenced: generation {current} holds this partition; rejoin the group")]
-    Fenced {
-        group: GroupName,
-        generation: Generation,
-        current: Generation,
-    },
+    #[error(
+        "group {group} generation {generation} is fenced: generation {current} holds this partition; rejoin the group"
+    )]
+    Fenced { group: GroupName, generation: Generation, current: Generation },
     #[error("group {group}: member {member} does not hold a claim on this partition in generation {generation}: poll first to claim it")]
-    NotClaimed {
-        group: GroupName,
-        member: String,
-        generation: Generation,
-    },
+    NotClaimed { group: GroupName, member: String, generation: Generation },
     #[error("commit of offset {offset} is beyond the high watermark {high_watermark}: commit only offsets you read")]
-    CommitBeyondHighWatermark {
-        offset: Offset,
-        high_watermark: Offset,
-    },
+    CommitBeyondHighWatermark { offset: Offset, high_watermark: Offset },
     #[error("commit of offset {offset} would move the group back from position {position}: commits only go forward")]
     CommitBackwards { offset: Offset, position: Offset },
     #[error("position {position} is outside the log [{log_start}, {high_watermark}]")]
-    PositionOutOfRange {
-        position: Offset,
-        log_start: Offset,
-        high_watermark: Offset,
-    },
+    PositionOutOfRange { position: Offset, log_start: Offset, high_watermark: Offset },
     #[error("this partition already tracks {max} groups: raise groups_per_partition_max")]
     TooManyGroups { max: u32 },
 }
@@ -137,11 +108,7 @@ pub type PartitionResult = Result<PartitionOutcome, PartitionRejection>;
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError<E: std::error::Error + 'static> {
     #[error("offset {requested} is outside the log [{log_start}, {high_watermark}]: read from the log start or a committed position")]
-    OffsetOutOfRange {
-        requested: Offset,
-        log_start: Offset,
-        high_watermark: Offset,
-    },
+    OffsetOutOfRange { requested: Offset, log_start: Offset, high_watermark: Offset },
     #[error("storage failed: {0}")]
     Storage(#[source] E),
 }

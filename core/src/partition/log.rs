@@ -57,10 +57,7 @@ impl RecordLog for MemoryLog {
         let Some(position) = offset.0.checked_sub(self.start.0) else {
             return Ok(None);
         };
-        Ok(usize::try_from(position)
-            .ok()
-            .and_then(|p| self.records.get(p))
-            .cloned())
+        Ok(usize::try_from(position).ok().and_then(|p| self.records.get(p)).cloned())
     }
 
     fn remove_before(&mut self, offset: Offset) -> Result<(), Infallible> {

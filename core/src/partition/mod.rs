@@ -14,10 +14,7 @@ mod log;
 mod producer;
 mod state;
 
-pub use command::{
-    PartitionCommand, PartitionOutcome, PartitionRejection, PartitionResult, ProducerBatch,
-    ReadError,
-};
+pub use command::{PartitionCommand, PartitionOutcome, PartitionRejection, PartitionResult, ProducerBatch, ReadError};
 pub use log::{MemoryLog, RecordLog};
 pub use producer::{ProducerState, RememberedBatch};
 pub use state::{Claim, GroupPosition, PartitionState};

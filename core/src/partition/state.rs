@@ -5,8 +5,7 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use super::command::{
-    PartitionCommand, PartitionOutcome, PartitionRejection, PartitionResult, ProducerBatch,
-    ReadError,
+    PartitionCommand, PartitionOutcome, PartitionRejection, PartitionResult, ProducerBatch, ReadError,
 };
 use super::log::RecordLog;
 use super::producer::{ProducerState, RememberedBatch};
@@ -94,11 +93,7 @@ impl PartitionState {
 
     /// Where a group reads next: its position, or the log start.
     pub fn group_position(&self, group: &GroupName) -> Offset {
-        let position = self
-            .groups
-            .get(group)
-            .and_then(|g| g.position)
-            .unwrap_or(self.log_start);
+        let position = self.groups.get(group).and_then(|g| g.position).unwrap_or(self.log_start);
         position.max(self.log_start)
     }
 
@@ -118,26 +113,13 @@ impl PartitionState {
         command: &PartitionCommand,
     ) -> Result<PartitionResult, L::Error> {
         let result = match command {
-            PartitionCommand::Append { producer, records } => {
-                self.append(log, at, *producer, records)?
+            PartitionCommand::Append { producer, records } => self.append(log, at, *producer, records)?,
+            PartitionCommand::Claim { group, member, generation } => self.claim(group, member, *generation),
+            PartitionCommand::Commit { group, member, generation, offset } => {
+                self.commit(group, member, *generation, *offset)
             }
-            PartitionCommand::Claim {
-                group,
-                member,
-                generation,
-            } => self.claim(group, member, *generation),
-            PartitionCommand::Commit {
-                group,
-                member,
-                generation,
-                offset,
-            } => self.commit(group, member, *generation, *offset),
-            PartitionCommand::ResetPosition { group, position } => {
-                self.reset_position(group, *position)
-            }
-            PartitionCommand::ApplyRetention { policy } => {
-                Ok(self.apply_retention(log, at, *policy)?)
-            }
+            PartitionCommand::ResetPosition { group, position } => self.reset_position(group, *position),
+            PartitionCommand::ApplyRetention { policy } => Ok(self.apply_retention(log, at, *policy)?),
         };
         match result {
             Ok(_) => self.applied_commands += 1,
@@ -177,11 +159,7 @@ impl PartitionState {
         let append_time = at.max(self.last_append_at);
         for (position, record) in records.iter().enumerate() {
             let offset = Offset(base_offset.0 + position as u64);
-            log.append(StoredRecord {
-                offset,
-                append_time_ms: append_time,
-                record: record.clone(),
-            })?;
+            log.append(StoredRecord { offset, append_time_ms: append_time, record: record.clone() })?;
             self.log_bytes += record.size_bytes();
         }
         self.high_watermark = Offset(end);
@@ -189,19 +167,11 @@ impl PartitionState {
         if let Some(batch) = producer {
             self.remember_batch(
                 batch,
-                RememberedBatch {
-                    sequence: batch.sequence,
-                    base_offset,
-                    count: count as u32,
-                },
+                RememberedBatch { sequence: batch.sequence, base_offset, count: count as u32 },
                 append_time,
             );
         }
-        Ok(Ok(PartitionOutcome::Appended {
-            base_offset,
-            count: count as u32,
-            duplicate: false,
-        }))
+        Ok(Ok(PartitionOutcome::Appended { base_offset, count: count as u32, duplicate: false }))
     }
 
     fn validate_batch(&self, records: &[Record]) -> Result<(), PartitionRejection> {
@@ -217,36 +187,24 @@ impl PartitionState {
         for (index, record) in records.iter().enumerate() {
             record
                 .validate(&self.limits)
-                .map_err(|error| PartitionRejection::InvalidRecord {
-                    index: index as u32,
-                    error,
-                })?;
+                .map_err(|error| PartitionRejection::InvalidRecord { index: index as u32, error })?;
         }
         let bytes: u64 = records.iter().map(Record::size_bytes).sum();
         if bytes > u64::from(self.limits.batch_bytes_max) {
-            return Err(PartitionRejection::BatchTooLarge {
-                bytes,
-                max: self.limits.batch_bytes_max,
-            });
+            return Err(PartitionRejection::BatchTooLarge { bytes, max: self.limits.batch_bytes_max });
         }
         Ok(())
     }
 
     /// `Ok(Some(batch))` for a retry of a remembered batch, `Ok(None)` for
     /// the next batch in sequence, or why the sequence is refused.
-    fn check_sequence(
-        &self,
-        batch: ProducerBatch,
-    ) -> Result<Option<RememberedBatch>, PartitionRejection> {
+    fn check_sequence(&self, batch: ProducerBatch) -> Result<Option<RememberedBatch>, PartitionRejection> {
         let ProducerBatch { producer, sequence } = batch;
         let Some(state) = self.producers.get(&producer) else {
             return if sequence == Sequence(0) {
                 Ok(None)
             } else {
-                Err(PartitionRejection::UnknownProducer {
-                    producer,
-                    got: sequence,
-                })
+                Err(PartitionRejection::UnknownProducer { producer, got: sequence })
             };
         };
         let last = state.last_sequence().unwrap_or(Sequence(0));
@@ -254,46 +212,21 @@ impl PartitionState {
             return Ok(None);
         }
         if sequence > last {
-            return Err(PartitionRejection::SequenceGap {
-                producer,
-                expected: Sequence(last.0 + 1),
-                got: sequence,
-            });
+            return Err(PartitionRejection::SequenceGap { producer, expected: Sequence(last.0 + 1), got: sequence });
         }
-        state
-            .find(sequence)
-            .copied()
-            .map(Some)
-            .ok_or(PartitionRejection::SequenceTooOld {
-                producer,
-                got: sequence,
-            })
+        state.find(sequence).copied().map(Some).ok_or(PartitionRejection::SequenceTooOld { producer, got: sequence })
     }
 
-    fn remember_batch(
-        &mut self,
-        batch: ProducerBatch,
-        remembered: RememberedBatch,
-        at: TimestampMs,
-    ) {
+    fn remember_batch(&mut self, batch: ProducerBatch, remembered: RememberedBatch, at: TimestampMs) {
         let remembered_max = self.limits.producer_batches_remembered_max;
         let state = self
             .producers
             .entry(batch.producer)
-            .or_insert_with(|| ProducerState {
-                recent: VecDeque::new(),
-                last_append_at: at,
-            });
+            .or_insert_with(|| ProducerState { recent: VecDeque::new(), last_append_at: at });
         state.remember(remembered, at, remembered_max);
         // Forget the least recently active producer beyond the limit.
-        while self.producers.len() as u64
-            > u64::from(self.limits.producers_per_partition_max.max(1))
-        {
-            let oldest = self
-                .producers
-                .iter()
-                .min_by_key(|(id, s)| (s.last_append_at, **id))
-                .map(|(id, _)| *id);
+        while self.producers.len() as u64 > u64::from(self.limits.producers_per_partition_max.max(1)) {
+            let oldest = self.producers.iter().min_by_key(|(id, s)| (s.last_append_at, **id)).map(|(id, _)| *id);
             match oldest {
                 Some(id) => self.producers.remove(&id),
                 None => break,
@@ -307,21 +240,13 @@ impl PartitionState {
         self.ensure_room_for(&group)?;
         let entry = self.groups.entry(group.clone()).or_default();
         if let Some(current) = &entry.claim {
-            let other_member_same_generation =
-                current.generation == generation && current.member != member;
+            let other_member_same_generation = current.generation == generation && current.member != member;
             if current.generation > generation || other_member_same_generation {
-                return Err(PartitionRejection::Fenced {
-                    group,
-                    generation,
-                    current: current.generation,
-                });
+                return Err(PartitionRejection::Fenced { group, generation, current: current.generation });
             }
         }
         entry.claim = Some(Claim { generation, member });
-        Ok(PartitionOutcome::Claimed {
-            generation,
-            position: self.group_position(&group),
-        })
+        Ok(PartitionOutcome::Claimed { generation, position: self.group_position(&group) })
     }
 
     fn ensure_room_for(&self, group: &GroupName) -> Result<(), PartitionRejection> {
@@ -332,55 +257,27 @@ impl PartitionState {
         Ok(())
     }
 
-    fn commit(
-        &mut self,
-        group: &str,
-        member: &str,
-        generation: Generation,
-        offset: Offset,
-    ) -> PartitionResult {
+    fn commit(&mut self, group: &str, member: &str, generation: Generation, offset: Offset) -> PartitionResult {
         let group = GroupName::new(group)?;
         let member_id = MemberId::new(member)?;
         let claim = self.groups.get(&group).and_then(|g| g.claim.as_ref());
         match claim {
             Some(current) if current.generation > generation => {
-                return Err(PartitionRejection::Fenced {
-                    group,
-                    generation,
-                    current: current.generation,
-                });
+                return Err(PartitionRejection::Fenced { group, generation, current: current.generation });
             }
             Some(current) if current.generation == generation && current.member == member_id => {}
-            _ => {
-                return Err(PartitionRejection::NotClaimed {
-                    group,
-                    member: member.to_string(),
-                    generation,
-                })
-            }
+            _ => return Err(PartitionRejection::NotClaimed { group, member: member.to_string(), generation }),
         }
         let Some(position) = offset.0.checked_add(1).map(Offset) else {
-            return Err(PartitionRejection::CommitBeyondHighWatermark {
-                offset,
-                high_watermark: self.high_watermark,
-            });
+            return Err(PartitionRejection::CommitBeyondHighWatermark { offset, high_watermark: self.high_watermark });
         };
         if position > self.high_watermark {
-            return Err(PartitionRejection::CommitBeyondHighWatermark {
-                offset,
-                high_watermark: self.high_watermark,
-            });
+            return Err(PartitionRejection::CommitBeyondHighWatermark { offset, high_watermark: self.high_watermark });
         }
-        let entry = self
-            .groups
-            .get_mut(&group)
-            .expect("a claimed group has an entry");
+        let entry = self.groups.get_mut(&group).expect("a claimed group has an entry");
         if let Some(current) = entry.position {
             if position < current {
-                return Err(PartitionRejection::CommitBackwards {
-                    offset,
-                    position: current,
-                });
+                return Err(PartitionRejection::CommitBackwards { offset, position: current });
             }
         }
         entry.position = Some(position);
@@ -410,15 +307,11 @@ impl PartitionState {
         let mut new_start = self.log_start;
         let mut bytes = self.log_bytes;
         let mut removed = 0u64;
-        while new_start < self.high_watermark
-            && removed < u64::from(self.limits.retention_records_per_apply_max)
-        {
+        while new_start < self.high_watermark && removed < u64::from(self.limits.retention_records_per_apply_max) {
             let Some(stored) = log.get(new_start)? else {
                 break;
             };
-            let too_old = policy
-                .max_age_ms
-                .is_some_and(|age| stored.append_time_ms.plus_ms(age) <= at);
+            let too_old = policy.max_age_ms.is_some_and(|age| stored.append_time_ms.plus_ms(age) <= at);
             let too_big = policy.max_bytes.is_some_and(|max| bytes > max);
             if !too_old && !too_big {
                 break;
@@ -435,17 +328,9 @@ impl PartitionState {
         let groups_behind = self
             .groups
             .iter()
-            .filter_map(|(name, g)| {
-                g.position
-                    .filter(|p| *p < new_start)
-                    .map(|p| (name.clone(), p))
-            })
+            .filter_map(|(name, g)| g.position.filter(|p| *p < new_start).map(|p| (name.clone(), p)))
             .collect();
-        Ok(PartitionOutcome::Retained {
-            log_start: new_start,
-            removed_records: removed,
-            groups_behind,
-        })
+        Ok(PartitionOutcome::Retained { log_start: new_start, removed_records: removed, groups_behind })
     }
 
     /// Read up to `max_records` records from `from`, stopping before the
@@ -489,22 +374,15 @@ impl PartitionState {
     /// offsets `[log_start, high_watermark)` at its ends.
     pub fn check_invariants<L: RecordLog>(&self, log: &L) -> Result<(), InvariantViolation> {
         let (start, end) = (self.log_start, self.high_watermark);
-        ensure(start <= end, || {
-            format!("log start {start} is past the high watermark {end}")
+        ensure(start <= end, || format!("log start {start} is past the high watermark {end}"))?;
+        ensure(start != end || self.log_bytes == 0, || format!("empty log holds {} bytes", self.log_bytes))?;
+        ensure(self.producers.len() as u64 <= u64::from(self.limits.producers_per_partition_max.max(1)), || {
+            "too many producers".into()
         })?;
-        ensure(start != end || self.log_bytes == 0, || {
-            format!("empty log holds {} bytes", self.log_bytes)
-        })?;
-        ensure(
-            self.producers.len() as u64
-                <= u64::from(self.limits.producers_per_partition_max.max(1)),
-            || "too many producers".into(),
-        )?;
         for (id, producer) in &self.producers {
             let remembered = producer.recent.len() as u64;
             ensure(
-                remembered >= 1
-                    && remembered <= u64::from(self.limits.producer_batches_remembered_max.max(1)),
+                remembered >= 1 && remembered <= u64::from(self.limits.producer_batches_remembered_max.max(1)),
                 || format!("producer {id} remembers {remembered} batches"),
             )?;
             let in_order = producer
@@ -512,16 +390,10 @@ impl PartitionState {
                 .iter()
                 .zip(producer.recent.iter().skip(1))
                 .all(|(a, b)| b.sequence.0 == a.sequence.0 + 1 && b.base_offset >= a.base_offset);
-            ensure(in_order, || {
-                format!("producer {id}'s batches are out of order")
+            ensure(in_order, || format!("producer {id}'s batches are out of order"))?;
+            ensure(producer.recent.iter().all(|b| b.base_offset.0 + u64::from(b.count) <= end.0), || {
+                format!("producer {id} remembers offsets past the log")
             })?;
-            ensure(
-                producer
-                    .recent
-                    .iter()
-                    .all(|b| b.base_offset.0 + u64::from(b.count) <= end.0),
-                || format!("producer {id} remembers offsets past the log"),
-            )?;
         }
         for (name, group) in &self.groups {
             if let Some(position) = group.position {
@@ -530,26 +402,15 @@ impl PartitionState {
                 })?;
             }
         }
-        let stored = |offset: Offset| {
-            log.get(offset)
-                .map_err(|e| InvariantViolation(format!("log read failed: {e}")))
-        };
+        let stored = |offset: Offset| log.get(offset).map_err(|e| InvariantViolation(format!("log read failed: {e}")));
         if start < end {
-            ensure(stored(start)?.is_some_and(|r| r.offset == start), || {
-                format!("log start {start} is not stored")
-            })?;
+            ensure(stored(start)?.is_some_and(|r| r.offset == start), || format!("log start {start} is not stored"))?;
             let last = Offset(end.0 - 1);
-            ensure(stored(last)?.is_some_and(|r| r.offset == last), || {
-                format!("last offset {last} is not stored")
-            })?;
+            ensure(stored(last)?.is_some_and(|r| r.offset == last), || format!("last offset {last} is not stored"))?;
         }
-        ensure(stored(end)?.is_none(), || {
-            format!("offset {end} at the high watermark is stored")
-        })?;
+        ensure(stored(end)?.is_none(), || format!("offset {end} at the high watermark is stored"))?;
         if start.0 > 0 {
-            ensure(stored(Offset(start.0 - 1))?.is_none(), || {
-                "a record below the log start is stored".into()
-            })?;
+            ensure(stored(Offset(start.0 - 1))?.is_none(), || "a record below the log start is stored".into())?;
         }
         Ok(())
     }

@@ -15,13 +15,11 @@ use std::time::Duration;
 use keel_proto::raft::raft_transport_client::RaftTransportClient;
 use keel_proto::raft::raft_transport_server::RaftTransport;
 use keel_proto::raft::{RaftReply, RaftRequest};
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
-};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
 };
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
@@ -55,10 +53,7 @@ impl Peers {
             return Ok(channel.clone());
         }
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| TransportError::BadAddress {
-                address: address.to_string(),
-                reason: e.to_string(),
-            })?
+            .map_err(|e| TransportError::BadAddress { address: address.to_string(), reason: e.to_string() })?
             .connect_timeout(Duration::from_millis(500));
         let channel = endpoint.connect_lazy();
         channels.insert(address.to_string(), channel.clone());
@@ -75,10 +70,7 @@ pub struct GroupNetwork {
 
 impl GroupNetwork {
     pub fn new(group: &GroupId, peers: Peers) -> Self {
-        GroupNetwork {
-            group: group.key(),
-            peers,
-        }
+        GroupNetwork { group: group.key(), peers }
     }
 }
 
@@ -86,12 +78,7 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
-        PeerClient {
-            group: self.group.clone(),
-            peers: self.peers.clone(),
-            target,
-            address: node.addr.clone(),
-        }
+        PeerClient { group: self.group.clone(), peers: self.peers.clone(), target, address: node.addr.clone() }
     }
 }
 
@@ -113,11 +100,7 @@ enum Rpc {
 }
 
 impl PeerClient {
-    async fn call<
-        Req: Serialize,
-        Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
-    >(
+    async fn call<Req: Serialize, Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
         &self,
         rpc: Rpc,
         request: &Req,
@@ -125,10 +108,8 @@ impl PeerClient {
     ) -> Result<Result<Resp, RaftError<NodeId, E>>, TransportError> {
         let channel = self.peers.channel(&self.address)?;
         let mut client = RaftTransportClient::new(channel);
-        let mut message = tonic::Request::new(RaftRequest {
-            group: self.group.clone(),
-            payload: postcard::to_stdvec(request)?,
-        });
+        let mut message =
+            tonic::Request::new(RaftRequest { group: self.group.clone(), payload: postcard::to_stdvec(request)? });
         message.set_timeout(option.hard_ttl());
         let reply = match rpc {
             Rpc::AppendEntries => client.append_entries(message).await?,
@@ -153,8 +134,7 @@ impl PeerClient {
     }
 }
 
-type RpcResult<T, E = openraft::error::Infallible> =
-    Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+type RpcResult<T, E = openraft::error::Infallible> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
 impl RaftNetwork<TypeConfig> for PeerClient {
     async fn append_entries(
@@ -175,11 +155,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         self.to_rpc_error(result)
     }
 
-    async fn vote(
-        &mut self,
-        rpc: VoteRequest<NodeId>,
-        option: RPCOption,
-    ) -> RpcResult<VoteResponse<NodeId>> {
+    async fn vote(&mut self, rpc: VoteRequest<NodeId>, option: RPCOption) -> RpcResult<VoteResponse<NodeId>> {
         let result = self.call(Rpc::Vote, &rpc, &option).await;
         self.to_rpc_error(result)
     }
@@ -202,11 +178,10 @@ impl<D: GroupDirectory> TransportService<D> {
     }
 
     fn group(&self, request: &RaftRequest) -> Result<Raft, tonic::Status> {
-        let group = GroupId::parse(&request.group)
-            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
-        self.directory.raft(&group).ok_or_else(|| {
-            tonic::Status::not_found(format!("group {group} is not running on this broker yet"))
-        })
+        let group = GroupId::parse(&request.group).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        self.directory
+            .raft(&group)
+            .ok_or_else(|| tonic::Status::not_found(format!("group {group} is not running on this broker yet")))
     }
 }
 
@@ -216,8 +191,8 @@ fn decode<T: DeserializeOwned>(request: &RaftRequest) -> Result<T, tonic::Status
 }
 
 fn reply<T: Serialize>(result: &T) -> Result<tonic::Response<RaftReply>, tonic::Status> {
-    let payload = postcard::to_stdvec(result)
-        .map_err(|e| tonic::Status::internal(format!("reply did not encode: {e}")))?;
+    let payload =
+        postcard::to_stdvec(result).map_err(|e| tonic::Status::internal(format!("reply did not encode: {e}")))?;
     Ok(tonic::Response::new(RaftReply { payload }))
 }
 
@@ -232,10 +207,7 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         reply(&raft.append_entries(decode(&request)?).await)
     }
 
-    async fn vote(
-        &self,
-        request: tonic::Request<RaftRequest>,
-    ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+    async fn vote(&self, request: tonic::Request<RaftRequest>) -> Result<tonic::Response<RaftReply>, tonic::Status> {
         let request = request.into_inner();
         let raft = self.group(&request)?;
         reply(&raft.vote(decode(&request)?).await)

@@ -73,26 +73,13 @@ impl AsyncRuntime for MadsimRuntime {
         madsim::time::sleep_until(deadline.into_std())
     }
 
-    fn timeout<R, F: Future<Output = R> + OptionalSend>(
-        duration: Duration,
-        future: F,
-    ) -> Self::Timeout<R, F> {
-        Timeout {
-            future,
-            sleep: madsim::time::sleep(duration),
-        }
+    fn timeout<R, F: Future<Output = R> + OptionalSend>(duration: Duration, future: F) -> Self::Timeout<R, F> {
+        Timeout { future, sleep: madsim::time::sleep(duration) }
     }
 
-    fn timeout_at<R, F: Future<Output = R> + OptionalSend>(
-        deadline: Self::Instant,
-        future: F,
-    ) -> Self::Timeout<R, F> {
+    fn timeout_at<R, F: Future<Output = R> + OptionalSend>(deadline: Self::Instant, future: F) -> Self::Timeout<R, F> {
         let now = TokioInstant::now();
-        let remaining = if deadline > now {
-            deadline - now
-        } else {
-            Duration::ZERO
-        };
+        let remaining = if deadline > now { deadline - now } else { Duration::ZERO };
         Self::timeout(remaining, future)
     }
 

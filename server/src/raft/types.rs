@@ -1,8 +1,6 @@
 //! The openraft type configuration shared by every group, and the commands
 //! and responses carried in its log.
 
-use std::io::Cursor;
-
 use keel_core::metadata::{MetadataCommand, MetadataResult};
 use keel_core::partition::{PartitionCommand, PartitionResult};
 use keel_core::TimestampMs;
@@ -27,7 +25,7 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = crate::storage::snapshot_file::SnapshotFile,
         Responder = openraft::impls::OneshotResponder<TypeConfig>,
         AsyncRuntime = Runtime,
 );

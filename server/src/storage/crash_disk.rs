@@ -36,14 +36,8 @@ pub enum CrashDiskError {
     #[error("the disk has lost power (crashed, frozen, or past its power-loss point)")]
     Frozen,
     /// A read asked for bytes beyond the end of the disk; redb relies on this failing.
-    #[error(
-        "read of {len} bytes at offset {offset} runs past the end of the disk ({disk_len} bytes)"
-    )]
-    ReadPastEnd {
-        offset: u64,
-        len: usize,
-        disk_len: usize,
-    },
+    #[error("read of {len} bytes at offset {offset} runs past the end of the disk ({disk_len} bytes)")]
+    ReadPastEnd { offset: u64, len: usize, disk_len: usize },
     /// A write this machine cannot address.
     #[error("{len} bytes at offset {offset} do not fit in the address space")]
     OutOfRange { offset: u64, len: usize },
@@ -57,9 +51,7 @@ impl From<CrashDiskError> for io::Error {
         let kind = match err {
             CrashDiskError::Frozen => io::ErrorKind::Other,
             CrashDiskError::ReadPastEnd { .. } => io::ErrorKind::UnexpectedEof,
-            CrashDiskError::OutOfRange { .. } | CrashDiskError::LengthOutOfRange { .. } => {
-                io::ErrorKind::InvalidInput
-            }
+            CrashDiskError::OutOfRange { .. } | CrashDiskError::LengthOutOfRange { .. } => io::ErrorKind::InvalidInput,
         };
         io::Error::new(kind, err)
     }
@@ -140,9 +132,7 @@ impl CrashDisk {
     }
 
     fn from_state(state: DiskState) -> Self {
-        Self {
-            state: Arc::new(Mutex::new(state)),
-        }
+        Self { state: Arc::new(Mutex::new(state)) }
     }
 
     // No code here panics while holding the lock, and if a caller's panic did poison it the
@@ -262,11 +252,7 @@ impl DiskState {
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), CrashDiskError> {
-        let past_end = || CrashDiskError::ReadPastEnd {
-            offset,
-            len: out.len(),
-            disk_len: self.current.len(),
-        };
+        let past_end = || CrashDiskError::ReadPastEnd { offset, len: out.len(), disk_len: self.current.len() };
         let start = usize::try_from(offset).map_err(|_| past_end())?;
         let end = start.checked_add(out.len()).ok_or_else(past_end)?;
         let source = self.current.get(start..end).ok_or_else(past_end)?;
@@ -275,16 +261,10 @@ impl DiskState {
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), CrashDiskError> {
-        let out_of_range = || CrashDiskError::OutOfRange {
-            offset,
-            len: data.len(),
-        };
+        let out_of_range = || CrashDiskError::OutOfRange { offset, len: data.len() };
         let start = usize::try_from(offset).map_err(|_| out_of_range())?;
         start.checked_add(data.len()).ok_or_else(out_of_range)?;
-        let op = PendingOp::Write {
-            offset: start,
-            data: data.to_vec(),
-        };
+        let op = PendingOp::Write { offset: start, data: data.to_vec() };
         op.apply(&mut self.current);
         self.pending.push(op);
         self.stats.writes += 1;
@@ -449,9 +429,7 @@ mod tests {
     }
 
     fn frozen_error(err: &io::Error) -> bool {
-        err.get_ref()
-            .and_then(|e| e.downcast_ref::<CrashDiskError>())
-            == Some(&CrashDiskError::Frozen)
+        err.get_ref().and_then(|e| e.downcast_ref::<CrashDiskError>()) == Some(&CrashDiskError::Frozen)
     }
 
     /// A disk holding `old` durably and a pending overwrite of it with `new`.
@@ -610,10 +588,7 @@ mod tests {
         lying.write(0, &[2; 16]).unwrap();
         lying.sync_data().unwrap();
         let lost = (0..SEEDS).filter(|&s| contents(&lying.crash(s)).is_empty());
-        assert!(
-            lost.count() > 0,
-            "a lying sync must lose data on some crash"
-        );
+        assert!(lost.count() > 0, "a lying sync must lose data on some crash");
     }
 
     #[test]
@@ -637,11 +612,7 @@ mod tests {
         disk.sync_data().unwrap();
         disk.freeze();
         let _ = disk.write(0, &[0; 100]);
-        let expected = CrashDiskStats {
-            writes: 2,
-            syncs: 1,
-            bytes_written: 15,
-        };
+        let expected = CrashDiskStats { writes: 2, syncs: 1, bytes_written: 15 };
         assert_eq!(disk.stats(), expected);
     }
 

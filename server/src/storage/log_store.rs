@@ -19,11 +19,7 @@ pub struct LogStore {
     group: String,
 }
 
-pub(crate) fn io_error(
-    subject: ErrorSubject<u64>,
-    verb: ErrorVerb,
-    error: StoreError,
-) -> StorageError {
+pub(crate) fn io_error(subject: ErrorSubject<u64>, verb: ErrorVerb, error: StoreError) -> StorageError {
     StorageIOError::new(subject, verb, openraft::AnyError::new(&error)).into()
 }
 
@@ -59,16 +55,10 @@ impl LogStore {
         })
     }
 
-    fn write_meta<T: Serialize>(
-        &self,
-        durable: bool,
-        name: &str,
-        value: &T,
-    ) -> Result<(), StoreError> {
+    fn write_meta<T: Serialize>(&self, durable: bool, name: &str, value: &T) -> Result<(), StoreError> {
         let bytes = postcard::to_stdvec(value)?;
         self.store.write(durable, |txn| {
-            txn.open_table(RAFT_META)?
-                .insert((self.group.as_str(), name), bytes.as_slice())?;
+            txn.open_table(RAFT_META)?.insert((self.group.as_str(), name), bytes.as_slice())?;
             Ok(())
         })
     }
@@ -130,17 +120,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let last_purged_log_id: Option<LogId> = self
-            .read_meta("purged")
-            .map_err(log_error(ErrorVerb::Read))?;
-        let last_log_id = self
-            .last_entry_id()
-            .map_err(log_error(ErrorVerb::Read))?
-            .or(last_purged_log_id);
-        Ok(LogState {
-            last_purged_log_id,
-            last_log_id,
-        })
+        let last_purged_log_id: Option<LogId> = self.read_meta("purged").map_err(log_error(ErrorVerb::Read))?;
+        let last_log_id = self.last_entry_id().map_err(log_error(ErrorVerb::Read))?.or(last_purged_log_id);
+        Ok(LogState { last_purged_log_id, last_log_id })
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -149,33 +131,25 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
         // A vote must be durable before it is acted on.
-        self.write_meta(true, "vote", vote)
-            .map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e))
+        self.write_meta(true, "vote", vote).map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        self.read_meta("vote")
-            .map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Read, e))
+        self.read_meta("vote").map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Read, e))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // A hint for faster recovery; losing it is harmless.
-        self.write_meta(false, "committed", &committed)
-            .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))
+        self.write_meta(false, "committed", &committed).map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        let committed: Option<Option<LogId>> = self
-            .read_meta("committed")
-            .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
+        let committed: Option<Option<LogId>> =
+            self.read_meta("committed").map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
         Ok(committed.flatten())
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError>
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
@@ -201,17 +175,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.delete(log_id.index, u64::MAX, false)
-            .map_err(log_error(ErrorVerb::Delete))?;
+        self.delete(log_id.index, u64::MAX, false).map_err(log_error(ErrorVerb::Delete))?;
         // Index u64::MAX itself is never used by openraft.
         Ok(())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.write_meta(false, "purged", &log_id)
-            .map_err(log_error(ErrorVerb::Write))?;
-        self.delete(0, log_id.index.saturating_add(1), false)
-            .map_err(log_error(ErrorVerb::Delete))
+        self.write_meta(false, "purged", &log_id).map_err(log_error(ErrorVerb::Write))?;
+        self.delete(0, log_id.index.saturating_add(1), false).map_err(log_error(ErrorVerb::Delete))
     }
 }
 

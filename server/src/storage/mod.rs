@@ -20,6 +20,7 @@
 pub mod crash_disk;
 mod log_store;
 mod records;
+pub mod snapshot_file;
 mod state_machine;
 mod store;
 

@@ -24,8 +24,7 @@ impl RecordLog for RecordWriter<'_, '_> {
 
     fn append(&mut self, record: StoredRecord) -> Result<(), StoreError> {
         let bytes = postcard::to_stdvec(&record)?;
-        self.table
-            .insert((self.group, record.offset.0), bytes.as_slice())?;
+        self.table.insert((self.group, record.offset.0), bytes.as_slice())?;
         Ok(())
     }
 
@@ -35,8 +34,7 @@ impl RecordLog for RecordWriter<'_, '_> {
     }
 
     fn remove_before(&mut self, offset: Offset) -> Result<(), StoreError> {
-        self.table
-            .retain_in((self.group, 0)..(self.group, offset.0), |_, _| false)?;
+        self.table.retain_in((self.group, 0)..(self.group, offset.0), |_, _| false)?;
         Ok(())
     }
 }

@@ -5,7 +5,6 @@
 //! from keel-core (G7). A command meant for the other kind of group is
 //! recorded as `Response::WrongGroup`.
 
-use std::io::Cursor;
 use std::sync::{Arc, Mutex};
 
 use keel_core::metadata::MetadataState;
@@ -18,10 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use super::log_store::io_error;
 use super::records::{RecordReader, RecordWriter};
+use super::snapshot_file::{self, SnapshotFile};
 use super::store::{NodeStore, StoreError, RECORDS, SNAPSHOTS, STATE};
-use crate::raft::types::{
-    Command, LogId, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
-};
+use crate::raft::types::{Command, LogId, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 
 /// The core state machine a group runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,13 +51,8 @@ pub struct GroupStateMachine {
     applied_notify: Option<Arc<tokio::sync::Notify>>,
 }
 
-/// A snapshot's contents: the applied state and, for partitions, the
-/// records still in the log.
-#[derive(Debug, Serialize, Deserialize)]
-struct SnapshotImage {
-    applied: Applied,
-    records: Vec<StoredRecord>,
-}
+/// A snapshot stream is the `Applied` header, then (for partitions) every
+/// stored record, each a separate item (see `snapshot_file`).
 
 fn sm_error(verb: ErrorVerb) -> impl FnOnce(StoreError) -> StorageError {
     move |e| io_error(ErrorSubject::StateMachine, verb, e)
@@ -72,21 +65,14 @@ fn snapshot_error(verb: ErrorVerb) -> impl FnOnce(StoreError) -> StorageError {
 impl GroupStateMachine {
     /// Open a group's state machine, starting from `initial` if the store
     /// has none for it yet.
-    pub fn open(
-        store: Arc<NodeStore>,
-        group: String,
-        initial: GroupState,
-    ) -> Result<Self, StoreError> {
+    pub fn open(store: Arc<NodeStore>, group: String, initial: GroupState) -> Result<Self, StoreError> {
         let stored: Option<Applied> = store.read(|txn| {
             let table = txn.open_table(STATE)?;
             let value = table.get(group.as_str())?;
             Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
         })?;
-        let applied = stored.unwrap_or(Applied {
-            last_applied: None,
-            membership: StoredMembership::default(),
-            state: initial,
-        });
+        let applied =
+            stored.unwrap_or(Applied { last_applied: None, membership: StoredMembership::default(), state: initial });
         Ok(GroupStateMachine {
             store,
             group,
@@ -129,10 +115,7 @@ impl GroupStateMachine {
         read: impl FnOnce(&PartitionState, &RecordReader<'_>) -> T,
     ) -> Result<Option<T>, StoreError> {
         self.store.read(|txn| {
-            let reader = RecordReader {
-                table: txn.open_table(RECORDS)?,
-                group: self.group.as_str(),
-            };
+            let reader = RecordReader { table: txn.open_table(RECORDS)?, group: self.group.as_str() };
             let state = self.state.lock().expect("group state");
             Ok(match &*state {
                 GroupState::Partition(partition) => Some(read(partition, &reader)),
@@ -143,11 +126,7 @@ impl GroupStateMachine {
 
     fn applied(&self) -> Applied {
         let (last_applied, membership) = self.last_applied.lock().expect("applied").clone();
-        Applied {
-            last_applied,
-            membership,
-            state: self.state.lock().expect("group state").clone(),
-        }
+        Applied { last_applied, membership, state: self.state.lock().expect("group state").clone() }
     }
 
     fn apply_entries(&self, entries: Vec<Entry<TypeConfig>>) -> Result<Vec<Response>, StoreError> {
@@ -170,10 +149,7 @@ impl GroupStateMachine {
                             Response::Metadata(metadata.apply(request.at, command))
                         }
                         (GroupState::Partition(partition), Command::Partition(command)) => {
-                            let mut log = RecordWriter {
-                                table: &mut records,
-                                group,
-                            };
+                            let mut log = RecordWriter { table: &mut records, group };
                             Response::Partition(partition.apply(&mut log, request.at, command)?)
                         }
                         _ => Response::WrongGroup,
@@ -181,13 +157,8 @@ impl GroupStateMachine {
                 };
                 responses.push(response);
             }
-            let row = Applied {
-                last_applied: applied.0,
-                membership: applied.1.clone(),
-                state: state.clone(),
-            };
-            txn.open_table(STATE)?
-                .insert(group, postcard::to_stdvec(&row)?.as_slice())?;
+            let row = Applied { last_applied: applied.0, membership: applied.1.clone(), state: state.clone() };
+            txn.open_table(STATE)?.insert(group, postcard::to_stdvec(&row)?.as_slice())?;
             Ok(responses)
         })
     }
@@ -196,78 +167,93 @@ impl GroupStateMachine {
         // The log may be purged up to this snapshot: make the state durable.
         self.store.flush()?;
         let applied = self.applied();
-        let records = match &applied.state {
-            GroupState::Partition(partition) => self.store.read(|txn| {
-                let reader = RecordReader {
-                    table: txn.open_table(RECORDS)?,
-                    group: self.group.as_str(),
-                };
-                let mut records = Vec::new();
-                let mut offset = partition.log_start();
-                while offset < partition.high_watermark() {
-                    records.extend(reader.get(offset)?);
-                    offset = Offset(offset.0 + 1);
-                }
-                Ok(records)
-            })?,
-            GroupState::Metadata(_) => Vec::new(),
-        };
         let snapshot_id = match applied.last_applied {
-            Some(log_id) => format!("{}-{}-{}", log_id.leader_id, log_id.index, self.group),
-            None => format!("empty-{}", self.group),
+            Some(log_id) => format!("{}-{}", log_id.leader_id, log_id.index),
+            None => "empty".to_string(),
         };
         let meta = SnapshotMeta {
             last_log_id: applied.last_applied,
             last_membership: applied.membership.clone(),
             snapshot_id,
         };
-        let data = postcard::to_stdvec(&SnapshotImage { applied, records })?;
-        let saved = postcard::to_stdvec(&(&meta, &data))?;
+        let key = format!("{}/snapshot-{}", self.group, meta.snapshot_id);
+        let mut file = SnapshotFile::create(self.store.clone(), key)?;
+        file.write_item(&applied)?;
+        if let GroupState::Partition(partition) = &applied.state {
+            // One record in memory at a time; the read transaction sees the
+            // records exactly as of `applied`.
+            self.store.read(|txn| {
+                let reader = RecordReader { table: txn.open_table(RECORDS)?, group: self.group.as_str() };
+                let mut offset = partition.log_start();
+                while offset < partition.high_watermark() {
+                    if let Some(record) = reader.get(offset)? {
+                        file.write_item(&record)?;
+                    }
+                    offset = Offset(offset.0 + 1);
+                }
+                Ok(())
+            })?;
+        }
+        file.finish()?;
+        self.make_current(&meta, file.key())?;
+        file.rewind();
+        Ok(Snapshot { meta, snapshot: Box::new(file) })
+    }
+
+    /// Record `key` as this group's current snapshot (durably) and drop the
+    /// previous one.
+    fn make_current(&self, meta: &SnapshotMeta, key: &str) -> Result<(), StoreError> {
+        let previous = self.current_key()?;
+        let saved = postcard::to_stdvec(&(meta, key))?;
         self.store.write(true, |txn| {
-            txn.open_table(SNAPSHOTS)?
-                .insert(self.group.as_str(), saved.as_slice())?;
+            txn.open_table(SNAPSHOTS)?.insert(self.group.as_str(), saved.as_slice())?;
             Ok(())
         })?;
-        Ok(Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
+        if let Some((_, previous)) = previous.filter(|(_, k)| k != key) {
+            snapshot_file::remove(&self.store, &previous)?;
+        }
+        Ok(())
+    }
+
+    fn current_key(&self) -> Result<Option<(SnapshotMeta, String)>, StoreError> {
+        self.store.read(|txn| {
+            let value = txn.open_table(SNAPSHOTS)?.get(self.group.as_str())?;
+            Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
         })
     }
 
-    fn install(&self, meta: &SnapshotMeta, data: Vec<u8>) -> Result<(), StoreError> {
-        let image: SnapshotImage = postcard::from_bytes(&data)?;
+    fn incoming_key(&self) -> String {
+        format!("{}/incoming", self.group)
+    }
+
+    fn install(&self, meta: &SnapshotMeta, mut file: SnapshotFile) -> Result<(), StoreError> {
+        file.rewind();
+        let applied: Applied = file.read_item()?.ok_or_else(|| StoreError::Snapshot("the snapshot is empty".into()))?;
         let group = self.group.as_str();
-        let saved = postcard::to_stdvec(&(meta, &data))?;
         self.store.write(true, |txn| {
             let mut records = txn.open_table(RECORDS)?;
             records.retain_in((group, 0)..=(group, u64::MAX), |_, _| false)?;
-            for record in &image.records {
-                records.insert(
-                    (group, record.offset.0),
-                    postcard::to_stdvec(record)?.as_slice(),
-                )?;
+            while let Some(record) = file.read_item::<StoredRecord>()? {
+                records.insert((group, record.offset.0), postcard::to_stdvec(&record)?.as_slice())?;
             }
-            txn.open_table(STATE)?
-                .insert(group, postcard::to_stdvec(&image.applied)?.as_slice())?;
-            txn.open_table(SNAPSHOTS)?.insert(group, saved.as_slice())?;
+            txn.open_table(STATE)?.insert(group, postcard::to_stdvec(&applied)?.as_slice())?;
             Ok(())
         })?;
-        *self.last_applied.lock().expect("applied") =
-            (image.applied.last_applied, image.applied.membership);
-        *self.state.lock().expect("group state") = image.applied.state;
+        let key = format!("{}/snapshot-{}", self.group, meta.snapshot_id);
+        if file.key() != key {
+            snapshot_file::copy(&self.store, file.key(), &key)?;
+        }
+        self.make_current(meta, &key)?;
+        *self.last_applied.lock().expect("applied") = (applied.last_applied, applied.membership);
+        *self.state.lock().expect("group state") = applied.state;
         self.wake_watcher();
         Ok(())
     }
 
     fn current(&self) -> Result<Option<Snapshot<TypeConfig>>, StoreError> {
-        let saved: Option<(SnapshotMeta, Vec<u8>)> = self.store.read(|txn| {
-            let value = txn.open_table(SNAPSHOTS)?.get(self.group.as_str())?;
-            Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
-        })?;
-        Ok(saved.map(|(meta, data)| Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        }))
+        let Some((meta, key)) = self.current_key()? else { return Ok(None) };
+        let file = SnapshotFile::open(self.store.clone(), key)?;
+        Ok(Some(Snapshot { meta, snapshot: Box::new(file) }))
     }
 }
 
@@ -289,9 +275,7 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let responses = self
-            .apply_entries(entries.into_iter().collect())
-            .map_err(sm_error(ErrorVerb::Write))?;
+        let responses = self.apply_entries(entries.into_iter().collect()).map_err(sm_error(ErrorVerb::Write))?;
         self.wake_watcher();
         Ok(responses)
     }
@@ -300,17 +284,14 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, StorageError> {
+        let file =
+            SnapshotFile::create(self.store.clone(), self.incoming_key()).map_err(snapshot_error(ErrorVerb::Write))?;
+        Ok(Box::new(file))
     }
 
-    async fn install_snapshot(
-        &mut self,
-        meta: &SnapshotMeta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError> {
-        self.install(meta, snapshot.into_inner())
-            .map_err(snapshot_error(ErrorVerb::Write))
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<SnapshotFile>) -> Result<(), StorageError> {
+        self.install(meta, *snapshot).map_err(snapshot_error(ErrorVerb::Write))
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {

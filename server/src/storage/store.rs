@@ -13,14 +13,15 @@ use crate::raft::types::TypeConfig;
 /// Raft log entries: (group key, log index) -> postcard(Entry).
 pub(crate) const LOG: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("raft_log");
 /// Raft metadata: (group key, "vote" | "purged" | "committed") -> postcard.
-pub(crate) const RAFT_META: TableDefinition<(&str, &str), &[u8]> =
-    TableDefinition::new("raft_meta");
+pub(crate) const RAFT_META: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("raft_meta");
 /// State machines: group key -> postcard(Applied).
 pub(crate) const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state_machine");
 /// Partition records: (group key, offset) -> postcard(StoredRecord).
 pub(crate) const RECORDS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("records");
-/// Latest snapshot per group: group key -> postcard(meta, data).
+/// Latest snapshot per group: group key -> postcard(meta, chunk key).
 pub(crate) const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
+/// Snapshot bytes: (chunk key, chunk index) -> up to 1 MiB.
+pub(crate) const SNAPSHOT_CHUNKS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("snapshot_chunks");
 /// Node-wide bookkeeping: the flush counter.
 const NODE: TableDefinition<&str, u64> = TableDefinition::new("node");
 
@@ -33,6 +34,8 @@ pub enum StoreError {
     Decode(#[from] postcard::Error),
     #[error("an earlier storage error stopped this store; restart the node")]
     Poisoned,
+    #[error("a snapshot is malformed: {0}")]
+    Snapshot(String),
     #[error("the store is closed: the node is shutting down")]
     Closed,
     #[error("the partition record store is read-only here")]
@@ -68,9 +71,7 @@ pub struct NodeStore {
 
 impl std::fmt::Debug for NodeStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeStore")
-            .field("db", &self.db)
-            .finish_non_exhaustive()
+        f.debug_struct("NodeStore").field("db", &self.db).finish_non_exhaustive()
     }
 }
 
@@ -84,18 +85,14 @@ impl NodeStore {
 
     /// Open or create the database on any redb backend (the simulation's
     /// crash-simulating disk, or memory).
-    pub fn open_with_backend(
-        backend: impl redb::StorageBackend,
-    ) -> Result<Arc<NodeStore>, StoreError> {
-        let db = Database::builder()
-            .set_cache_size(16 * 1024 * 1024)
-            .create_with_backend(backend)?;
+    pub fn open_with_backend(backend: impl redb::StorageBackend) -> Result<Arc<NodeStore>, StoreError> {
+        let db = Database::builder().set_cache_size(16 * 1024 * 1024).create_with_backend(backend)?;
         Self::from_database(db)
     }
 
     fn from_database(db: Database) -> Result<Arc<NodeStore>, StoreError> {
         let txn = db.begin_write()?;
-        for table in [LOG, RECORDS] {
+        for table in [LOG, RECORDS, SNAPSHOT_CHUNKS] {
             txn.open_table(table)?;
         }
         txn.open_table(RAFT_META)?;
@@ -115,11 +112,7 @@ impl NodeStore {
         if *self.poisoned.lock().expect("poison flag") {
             return Err(StoreError::Poisoned);
         }
-        self.db
-            .lock()
-            .expect("database")
-            .clone()
-            .ok_or(StoreError::Closed)
+        self.db.lock().expect("database").clone().ok_or(StoreError::Closed)
     }
 
     /// Close the database: later operations fail with `Closed`. Returns a
@@ -166,10 +159,7 @@ impl NodeStore {
     /// Queue a log flush callback: it completes after the next durable
     /// commit (see [`NodeStore::run_flusher`]).
     pub(crate) fn flush_later(&self, callback: LogFlushed<TypeConfig>) {
-        self.pending_flush
-            .lock()
-            .expect("flush queue")
-            .push_back(callback);
+        self.pending_flush.lock().expect("flush queue").push_back(callback);
         self.flush_wanted.notify_one();
     }
 
@@ -190,21 +180,13 @@ impl NodeStore {
     pub async fn run_flusher(self: Arc<Self>) {
         loop {
             self.flush_wanted.notified().await;
-            let batch: Vec<_> = self
-                .pending_flush
-                .lock()
-                .expect("flush queue")
-                .drain(..)
-                .collect();
+            let batch: Vec<_> = self.pending_flush.lock().expect("flush queue").drain(..).collect();
             if batch.is_empty() {
                 continue;
             }
             let result = self.flush_off_runtime().await;
             for callback in batch {
-                let outcome = result
-                    .as_ref()
-                    .map(|_| ())
-                    .map_err(|e| std::io::Error::other(e.to_string()));
+                let outcome = result.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
                 callback.log_io_completed(outcome);
             }
         }
@@ -229,11 +211,6 @@ impl NodeStore {
 
     /// How many durable flushes this database has done (for benchmarks).
     pub fn flush_count(&self) -> Result<u64, StoreError> {
-        self.read(|txn| {
-            Ok(txn
-                .open_table(NODE)?
-                .get("flushes")?
-                .map_or(0, |v| v.value()))
-        })
+        self.read(|txn| Ok(txn.open_table(NODE)?.get("flushes")?.map_or(0, |v| v.value())))
     }
 }
