@@ -51,8 +51,8 @@ pub struct GroupStateMachine {
     applied_notify: Option<Arc<tokio::sync::Notify>>,
 }
 
-/// A snapshot stream is the `Applied` header, then (for partitions) every
-/// stored record, each a separate item (see `snapshot_file`).
+// A snapshot stream is the `Applied` header, then (for partitions) every
+// stored record, each a separate item (see `snapshot_file`).
 
 fn sm_error(verb: ErrorVerb) -> impl FnOnce(StoreError) -> StorageError {
     move |e| io_error(ErrorSubject::StateMachine, verb, e)
