@@ -23,6 +23,10 @@ use crate::id::BrokerId;
 pub struct PartitionPlacement {
     /// Distinct brokers holding a replica; the first is the preferred leader.
     pub replicas: Vec<BrokerId>,
+    /// How many times the replicas were moved since the topic was created.
+    /// Only a partition at epoch 0 may be initialised as a new Raft group;
+    /// after a move its group already exists and changes membership instead.
+    pub epoch: u64,
 }
 
 impl PartitionPlacement {
@@ -89,7 +93,7 @@ pub fn place_partitions(
         let leader_position =
             (0..replicas.len()).min_by_key(|&i| (load.leaders.get(&replicas[i]).copied().unwrap_or(0), i)).unwrap_or(0);
         replicas.swap(0, leader_position);
-        let placement = PartitionPlacement { replicas };
+        let placement = PartitionPlacement { replicas, epoch: 0 };
         load.add(std::slice::from_ref(&placement));
         placements.push(placement);
     }

@@ -316,3 +316,19 @@ fn a_retried_batch_gets_its_original_offsets() {
     assert_eq!(retry, Appended { base_offset: Offset(2), count: 1, duplicate: true });
     assert_eq!(state.high_watermark(), Offset(3));
 }
+
+#[test]
+fn moving_replicas_bumps_the_placement_epoch() {
+    let mut state = cluster();
+    let topic = keel_core::TopicName::new("t").unwrap();
+    assert_eq!(state.topic(&topic).unwrap().partitions[0].epoch, 0);
+    let command = MetadataCommand::MoveReplicas {
+        topic: "t".into(),
+        partition: PartitionIndex(0),
+        replicas: vec![BrokerId(2), BrokerId(1)],
+    };
+    state.apply(TimestampMs(2), &command).unwrap();
+    let placement = &state.topic(&topic).unwrap().partitions[0];
+    assert_eq!((placement.replicas.clone(), placement.epoch), (vec![BrokerId(2), BrokerId(1)], 1));
+    assert_eq!(state.topic(&topic).unwrap().partitions[1].epoch, 0);
+}

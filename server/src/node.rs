@@ -97,8 +97,9 @@ pub enum ProposeError {
 
 /// A partition group as the metadata places it.
 struct PlacedGroup {
-    /// The first replica: it initialises the group.
-    preferred_leader: NodeId,
+    /// The broker that initialises the group: its first replica while the
+    /// placement was never moved, otherwise none (0).
+    initializer: NodeId,
     members: BTreeMap<NodeId, BasicNode>,
 }
 
@@ -298,9 +299,12 @@ impl Node {
                         )
                     })
                     .collect();
-                let preferred_leader = placement.preferred_leader().map_or(0, |b| b.0);
+                // A group is created once, by its first replica, at epoch 0;
+                // moved replicas join an existing group instead.
+                let initializer =
+                    if placement.epoch == 0 { placement.preferred_leader().map_or(0, |b| b.0) } else { 0 };
                 let tp = TopicPartition::new(topic.clone(), keel_core::PartitionIndex(index as u32));
-                placed.insert(GroupId::Partition(tp), PlacedGroup { preferred_leader, members });
+                placed.insert(GroupId::Partition(tp), PlacedGroup { initializer, members });
             }
         }
         placed
@@ -331,7 +335,7 @@ impl Node {
                 GroupStateMachine::initial_partition(limits),
             )?;
             let raft = self.start_group(group.clone(), state_machine).await?;
-            if placement.preferred_leader == self.id() {
+            if placement.initializer == self.id() {
                 if let Err(error) = raft.initialize(placement.members.clone()).await {
                     tracing::debug!(%error, %group, "partition group already initialised");
                 }

@@ -242,6 +242,7 @@ impl MetadataState {
             return Err(MetadataRejection::InvalidReplicas { replicas: replicas.to_vec(), reason });
         }
         let from = std::mem::replace(&mut placement.replicas, replicas.to_vec());
+        placement.epoch = placement.epoch.saturating_add(1);
         Ok(MetadataOutcome::ReplicasMoved {
             partition: TopicPartition::new(name, partition),
             from,
