@@ -72,7 +72,6 @@ fn main() {
         println!("{groups} groups, {writers} concurrent writers, 1 KiB entries, each append waits for its fsync");
         let dir = tempfile::TempDir::new().unwrap();
         let store = NodeStore::open(dir.path()).unwrap();
-        tokio::spawn(store.clone().run_flusher());
         let logs =
             (0..groups).map(|g| Arc::new(Mutex::new((LogStore::new(store.clone(), format!("p/t/{g}")), 0)))).collect();
         measure("one database per node (group commit)", logs, writers, appends).await;
@@ -85,7 +84,6 @@ fn main() {
             .enumerate()
             .map(|(g, dir)| {
                 let store = NodeStore::open(dir.path()).unwrap();
-                tokio::spawn(store.clone().run_flusher());
                 flushes.push(store.clone());
                 Arc::new(Mutex::new((LogStore::new(store, format!("p/t/{g}")), 0)))
             })

@@ -151,7 +151,6 @@ impl Node {
             server: Mutex::new(None),
         });
         let node = Node { inner };
-        node.spawn(store.clone().run_flusher());
 
         let applied = Arc::new(Notify::new());
         let initial = GroupStateMachine::initial_metadata(node.inner.config.limits.clone());

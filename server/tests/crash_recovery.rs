@@ -57,12 +57,10 @@ struct Opened {
     store: std::sync::Arc<NodeStore>,
     log: LogStore,
     state_machine: GroupStateMachine,
-    flusher: tokio::task::JoinHandle<()>,
 }
 
 fn open(disk: &CrashDisk) -> Opened {
     let store = NodeStore::open_with_backend(disk.clone()).expect("the store reopens after a crash");
-    let flusher = tokio::spawn(store.clone().run_flusher());
     let log = LogStore::new(store.clone(), GROUP.to_string());
     let state_machine = GroupStateMachine::open(
         store.clone(),
@@ -70,7 +68,7 @@ fn open(disk: &CrashDisk) -> Opened {
         GroupStateMachine::initial_partition(Limits::default()),
     )
     .expect("state machine");
-    Opened { store, log, state_machine, flusher }
+    Opened { store, log, state_machine }
 }
 
 /// Check the reopened store against what was acknowledged.
@@ -177,7 +175,6 @@ async fn run(seed: u64) {
         };
         let crash_now = outcome.is_err() || disk.is_frozen() || choices.below(6) == 0;
         if crash_now {
-            opened.flusher.abort();
             disk = disk.crash(choices.next());
             drop(opened);
             opened = open(&disk);
@@ -187,7 +184,6 @@ async fn run(seed: u64) {
         }
     }
     // Finally: pull the power once more and check.
-    opened.flusher.abort();
     let disk = disk.crash(choices.next());
     drop(opened);
     let mut opened = open(&disk);
@@ -217,7 +213,6 @@ fn a_disk_that_forgets_fsyncs_is_caught() {
                 let entries: Vec<_> = (1..=3).map(entry).collect();
                 opened.log.blocking_append(entries).await.unwrap();
                 let acknowledged = Acknowledged { last_index: 3, vote: None };
-                opened.flusher.abort();
                 let crashed = disk.crash(seed);
                 drop(opened);
                 let mut reopened = open(&crashed);

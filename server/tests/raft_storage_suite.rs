@@ -12,8 +12,6 @@ impl StoreBuilder<TypeConfig, LogStore, GroupStateMachine, TempDir> for RedbStor
     async fn build(&self) -> Result<(TempDir, LogStore, GroupStateMachine), StorageError> {
         let dir = TempDir::new().expect("temp dir");
         let store = NodeStore::open(dir.path()).expect("open store");
-        // Appends are reported persisted by the group-commit flusher.
-        tokio::spawn(store.clone().run_flusher());
         let log = LogStore::new(store.clone(), "metadata".to_string());
         let state_machine = GroupStateMachine::open(
             store,

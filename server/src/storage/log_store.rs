@@ -55,12 +55,15 @@ impl LogStore {
         })
     }
 
-    fn write_meta<T: Serialize>(&self, durable: bool, name: &str, value: &T) -> Result<(), StoreError> {
+    async fn write_meta<T: Serialize>(&self, durable: bool, name: &'static str, value: &T) -> Result<(), StoreError> {
         let bytes = postcard::to_stdvec(value)?;
-        self.store.write(durable, |txn| {
-            txn.open_table(RAFT_META)?.insert((self.group.as_str(), name), bytes.as_slice())?;
-            Ok(())
-        })
+        let group = self.group.clone();
+        self.store
+            .write(durable, move |txn| {
+                txn.open_table(RAFT_META)?.insert((group.as_str(), name), bytes.as_slice())?;
+                Ok(())
+            })
+            .await
     }
 
     fn entries(&self, start: u64, end: u64) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
@@ -95,14 +98,21 @@ impl LogStore {
         })
     }
 
-    /// Delete the entries with index in `[start, end)`.
-    fn delete(&self, start: u64, end: u64, durable: bool) -> Result<(), StoreError> {
-        let group = self.group.as_str();
-        self.store.write(durable, |txn| {
-            let mut table = txn.open_table(LOG)?;
-            table.retain_in((group, start)..(group, end), |_, _| false)?;
-            Ok(())
-        })
+    /// Delete the entries with index in `[start, end)`, and record `purged`
+    /// if given, in one transaction.
+    async fn delete(&self, start: u64, end: u64, purged: Option<LogId>) -> Result<(), StoreError> {
+        let group = self.group.clone();
+        let purged = purged.map(|p| postcard::to_stdvec(&p)).transpose()?;
+        self.store
+            .write(false, move |txn| {
+                let group = group.as_str();
+                txn.open_table(LOG)?.retain_in((group, start)..(group, end), |_, _| false)?;
+                if let Some(purged) = purged {
+                    txn.open_table(RAFT_META)?.insert((group, "purged"), purged.as_slice())?;
+                }
+                Ok(())
+            })
+            .await
     }
 }
 
@@ -131,7 +141,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
         // A vote must be durable before it is acted on.
-        self.write_meta(true, "vote", vote).map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e))
+        self.write_meta(true, "vote", vote).await.map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
@@ -140,7 +150,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // A hint for faster recovery; losing it is harmless.
-        self.write_meta(false, "committed", &committed).map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))
+        self.write_meta(false, "committed", &committed)
+            .await
+            .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
@@ -154,35 +166,31 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let group = self.group.as_str();
+        let group = self.group.clone();
         let encoded: Vec<(u64, Vec<u8>)> = entries
             .into_iter()
             .map(|entry| Ok((entry.log_id.index, postcard::to_stdvec(&entry)?)))
             .collect::<Result<_, StoreError>>()
             .map_err(log_error(ErrorVerb::Write))?;
-        self.store
-            .write(false, |txn| {
-                let mut table = txn.open_table(LOG)?;
-                for (index, bytes) in &encoded {
-                    table.insert((group, *index), bytes.as_slice())?;
-                }
-                Ok(())
-            })
-            .map_err(log_error(ErrorVerb::Write))?;
-        // Readable now; persisted (and reported so) after the next flush.
-        self.store.flush_later(callback);
-        Ok(())
+        // Readable once this returns; reported persisted after the writer's
+        // next durable commit (usually the same transaction).
+        let write = move |txn: &redb::WriteTransaction| {
+            let mut table = txn.open_table(LOG)?;
+            for (index, bytes) in &encoded {
+                table.insert((group.as_str(), *index), bytes.as_slice())?;
+            }
+            Ok(())
+        };
+        self.store.write_reporting_persisted(write, callback).await.map_err(log_error(ErrorVerb::Write))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.delete(log_id.index, u64::MAX, false).map_err(log_error(ErrorVerb::Delete))?;
         // Index u64::MAX itself is never used by openraft.
-        Ok(())
+        self.delete(log_id.index, u64::MAX, None).await.map_err(log_error(ErrorVerb::Delete))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.write_meta(false, "purged", &log_id).map_err(log_error(ErrorVerb::Write))?;
-        self.delete(0, log_id.index.saturating_add(1), false).map_err(log_error(ErrorVerb::Delete))
+        self.delete(0, log_id.index.saturating_add(1), Some(log_id)).await.map_err(log_error(ErrorVerb::Delete))
     }
 }
 

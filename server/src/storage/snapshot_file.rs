@@ -73,7 +73,7 @@ impl SnapshotFile {
         let Some((index, bytes)) = self.writing.take() else { return Ok(()) };
         let key = self.key.as_str();
         let length = self.length;
-        self.store.write(false, |txn| {
+        self.store.write_now(false, |txn| {
             let mut table = txn.open_table(SNAPSHOT_CHUNKS)?;
             table.insert((key, index), bytes.as_slice())?;
             table.insert((key, LENGTH_ROW), length.to_le_bytes().as_slice())?;
@@ -197,7 +197,7 @@ pub fn copy(store: &NodeStore, from: &str, to: &str) -> Result<(), StoreError> {
             }
         })?;
         let Some((chunk, bytes)) = row else { return Ok(()) };
-        store.write(false, |txn| {
+        store.write_now(false, |txn| {
             txn.open_table(SNAPSHOT_CHUNKS)?.insert((to, chunk), bytes.as_slice())?;
             Ok(())
         })?;
@@ -210,7 +210,7 @@ pub fn copy(store: &NodeStore, from: &str, to: &str) -> Result<(), StoreError> {
 
 /// Remove every chunk stored under `key`.
 pub fn remove(store: &NodeStore, key: &str) -> Result<(), StoreError> {
-    store.write(false, |txn| {
+    store.write_now(false, |txn| {
         txn.open_table(SNAPSHOT_CHUNKS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
         Ok(())
     })

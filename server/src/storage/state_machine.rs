@@ -129,43 +129,47 @@ impl GroupStateMachine {
         Applied { last_applied, membership, state: self.state.lock().expect("group state").clone() }
     }
 
-    fn apply_entries(&self, entries: Vec<Entry<TypeConfig>>) -> Result<Vec<Response>, StoreError> {
-        let group = self.group.as_str();
-        self.store.write(false, |txn| {
-            let mut records = txn.open_table(RECORDS)?;
-            let mut state = self.state.lock().expect("group state");
-            let mut applied = self.last_applied.lock().expect("applied");
-            let mut responses = Vec::with_capacity(entries.len());
-            for entry in entries {
-                applied.0 = Some(entry.log_id);
-                let response = match entry.payload {
-                    EntryPayload::Blank => Response::None,
-                    EntryPayload::Membership(membership) => {
-                        applied.1 = StoredMembership::new(Some(entry.log_id), membership);
-                        Response::None
-                    }
-                    EntryPayload::Normal(request) => match (&mut *state, &request.command) {
-                        (GroupState::Metadata(metadata), Command::Metadata(command)) => {
-                            Response::Metadata(metadata.apply(request.at, command))
+    async fn apply_entries(&self, entries: Vec<Entry<TypeConfig>>) -> Result<Vec<Response>, StoreError> {
+        let (group, state, last_applied) = (self.group.clone(), self.state.clone(), self.last_applied.clone());
+        // Runs in the node writer's transaction; not synced (the log replays it).
+        self.store
+            .write(false, move |txn| {
+                let group = group.as_str();
+                let mut records = txn.open_table(RECORDS)?;
+                let mut state = state.lock().expect("group state");
+                let mut applied = last_applied.lock().expect("applied");
+                let mut responses = Vec::with_capacity(entries.len());
+                for entry in entries {
+                    applied.0 = Some(entry.log_id);
+                    let response = match entry.payload {
+                        EntryPayload::Blank => Response::None,
+                        EntryPayload::Membership(membership) => {
+                            applied.1 = StoredMembership::new(Some(entry.log_id), membership);
+                            Response::None
                         }
-                        (GroupState::Partition(partition), Command::Partition(command)) => {
-                            let mut log = RecordWriter { table: &mut records, group };
-                            Response::Partition(partition.apply(&mut log, request.at, command)?)
-                        }
-                        _ => Response::WrongGroup,
-                    },
-                };
-                responses.push(response);
-            }
-            let row = Applied { last_applied: applied.0, membership: applied.1.clone(), state: state.clone() };
-            txn.open_table(STATE)?.insert(group, postcard::to_stdvec(&row)?.as_slice())?;
-            Ok(responses)
-        })
+                        EntryPayload::Normal(request) => match (&mut *state, &request.command) {
+                            (GroupState::Metadata(metadata), Command::Metadata(command)) => {
+                                Response::Metadata(metadata.apply(request.at, command))
+                            }
+                            (GroupState::Partition(partition), Command::Partition(command)) => {
+                                let mut log = RecordWriter { table: &mut records, group };
+                                Response::Partition(partition.apply(&mut log, request.at, command)?)
+                            }
+                            _ => Response::WrongGroup,
+                        },
+                    };
+                    responses.push(response);
+                }
+                let row = Applied { last_applied: applied.0, membership: applied.1.clone(), state: state.clone() };
+                txn.open_table(STATE)?.insert(group, postcard::to_stdvec(&row)?.as_slice())?;
+                Ok(responses)
+            })
+            .await
     }
 
-    fn build(&self) -> Result<Snapshot<TypeConfig>, StoreError> {
+    async fn build(&self) -> Result<Snapshot<TypeConfig>, StoreError> {
         // The log may be purged up to this snapshot: make the state durable.
-        self.store.flush()?;
+        self.store.flush().await?;
         let applied = self.applied();
         let snapshot_id = match applied.last_applied {
             Some(log_id) => format!("{}-{}", log_id.leader_id, log_id.index),
@@ -195,20 +199,23 @@ impl GroupStateMachine {
             })?;
         }
         file.finish()?;
-        self.make_current(&meta, file.key())?;
+        self.make_current(&meta, file.key()).await?;
         file.rewind();
         Ok(Snapshot { meta, snapshot: Box::new(file) })
     }
 
     /// Record `key` as this group's current snapshot (durably) and drop the
     /// previous one.
-    fn make_current(&self, meta: &SnapshotMeta, key: &str) -> Result<(), StoreError> {
+    async fn make_current(&self, meta: &SnapshotMeta, key: &str) -> Result<(), StoreError> {
         let previous = self.current_key()?;
         let saved = postcard::to_stdvec(&(meta, key))?;
-        self.store.write(true, |txn| {
-            txn.open_table(SNAPSHOTS)?.insert(self.group.as_str(), saved.as_slice())?;
-            Ok(())
-        })?;
+        let group = self.group.clone();
+        self.store
+            .write(true, move |txn| {
+                txn.open_table(SNAPSHOTS)?.insert(group.as_str(), saved.as_slice())?;
+                Ok(())
+            })
+            .await?;
         if let Some((_, previous)) = previous.filter(|(_, k)| k != key) {
             snapshot_file::remove(&self.store, &previous)?;
         }
@@ -226,24 +233,30 @@ impl GroupStateMachine {
         format!("{}/incoming", self.group)
     }
 
-    fn install(&self, meta: &SnapshotMeta, mut file: SnapshotFile) -> Result<(), StoreError> {
+    async fn install(&self, meta: &SnapshotMeta, mut file: SnapshotFile) -> Result<(), StoreError> {
         file.rewind();
         let applied: Applied = file.read_item()?.ok_or_else(|| StoreError::Snapshot("the snapshot is empty".into()))?;
-        let group = self.group.as_str();
-        self.store.write(true, |txn| {
-            let mut records = txn.open_table(RECORDS)?;
-            records.retain_in((group, 0)..=(group, u64::MAX), |_, _| false)?;
-            while let Some(record) = file.read_item::<StoredRecord>()? {
-                records.insert((group, record.offset.0), postcard::to_stdvec(&record)?.as_slice())?;
-            }
-            txn.open_table(STATE)?.insert(group, postcard::to_stdvec(&applied)?.as_slice())?;
-            Ok(())
-        })?;
+        let received = file.key().to_string();
+        let (group, row) = (self.group.clone(), postcard::to_stdvec(&applied)?);
+        // One durable transaction replaces the records and the state; the
+        // snapshot is read a chunk at a time inside it.
+        self.store
+            .write(true, move |txn| {
+                let group = group.as_str();
+                let mut records = txn.open_table(RECORDS)?;
+                records.retain_in((group, 0)..=(group, u64::MAX), |_, _| false)?;
+                while let Some(record) = file.read_item::<StoredRecord>()? {
+                    records.insert((group, record.offset.0), postcard::to_stdvec(&record)?.as_slice())?;
+                }
+                txn.open_table(STATE)?.insert(group, row.as_slice())?;
+                Ok(())
+            })
+            .await?;
         let key = format!("{}/snapshot-{}", self.group, meta.snapshot_id);
-        if file.key() != key {
-            snapshot_file::copy(&self.store, file.key(), &key)?;
+        if received != key {
+            snapshot_file::copy(&self.store, &received, &key)?;
         }
-        self.make_current(meta, &key)?;
+        self.make_current(meta, &key).await?;
         *self.last_applied.lock().expect("applied") = (applied.last_applied, applied.membership);
         *self.state.lock().expect("group state") = applied.state;
         self.wake_watcher();
@@ -259,7 +272,7 @@ impl GroupStateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for GroupStateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        self.build().map_err(snapshot_error(ErrorVerb::Write))
+        self.build().await.map_err(snapshot_error(ErrorVerb::Write))
     }
 }
 
@@ -275,7 +288,7 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let responses = self.apply_entries(entries.into_iter().collect()).map_err(sm_error(ErrorVerb::Write))?;
+        let responses = self.apply_entries(entries.into_iter().collect()).await.map_err(sm_error(ErrorVerb::Write))?;
         self.wake_watcher();
         Ok(responses)
     }
@@ -291,7 +304,7 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
     }
 
     async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: Box<SnapshotFile>) -> Result<(), StorageError> {
-        self.install(meta, *snapshot).map_err(snapshot_error(ErrorVerb::Write))
+        self.install(meta, *snapshot).await.map_err(snapshot_error(ErrorVerb::Write))
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {

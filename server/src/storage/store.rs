@@ -1,12 +1,12 @@
 //! The node's redb database and its group-commit flusher.
 
-use std::collections::VecDeque;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use openraft::storage::LogFlushed;
-use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
-use tokio::sync::Notify;
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::raft::types::TypeConfig;
 
@@ -36,6 +36,8 @@ pub enum StoreError {
     Poisoned,
     #[error("a snapshot is malformed: {0}")]
     Snapshot(String),
+    #[error("the write's transaction failed: {0}")]
+    Failed(String),
     #[error("the store is closed: the node is shutting down")]
     Closed,
     #[error("the partition record store is read-only here")]
@@ -60,18 +62,43 @@ from_redb!(
     redb::SetDurabilityError
 );
 
+/// Called with the outcome of the commit that included a write.
+type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+/// One write, run inside the writer's shared transaction.
+type WriteOp = Box<dyn FnOnce(&WriteTransaction) -> Result<Completion, StoreError> + Send>;
+
+/// Work for the node's writer.
+enum Job {
+    /// Run `op` in the next transaction; commit it durably if `durable`.
+    Write { op: WriteOp, durable: bool },
+    /// Tell openraft these log entries are persisted after the next durable
+    /// commit.
+    Persisted(LogFlushed<TypeConfig>),
+    /// Release the database and stop.
+    Close,
+}
+
+/// Most jobs gathered into one transaction.
+const JOBS_PER_TRANSACTION_MAX: usize = 4096;
+
 /// The node's database, shared by every group on the node.
+///
+/// All routine writes go through one writer (an OS thread in production, a
+/// task in the simulation): it gathers every queued write of every group
+/// into one redb transaction and, when any of them needs durability (a log
+/// append waiting to be reported persisted, a vote), one fsync. That is
+/// group commit across partitions, and it keeps redb's single write lock
+/// and its fsyncs off tokio's worker threads.
 pub struct NodeStore {
     /// `None` once closed: every later operation fails with `Closed`.
     db: Mutex<Option<Arc<Database>>>,
-    pending_flush: Mutex<VecDeque<LogFlushed<TypeConfig>>>,
-    flush_wanted: Notify,
-    poisoned: Mutex<bool>,
+    jobs: mpsc::UnboundedSender<Job>,
+    poisoned: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for NodeStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NodeStore").field("db", &self.db).finish_non_exhaustive()
+        f.debug_struct("NodeStore").finish_non_exhaustive()
     }
 }
 
@@ -84,7 +111,8 @@ impl NodeStore {
     }
 
     /// Open or create the database on any redb backend (the simulation's
-    /// crash-simulating disk, or memory).
+    /// crash-simulating disk, or memory). In the simulation, call it inside
+    /// the node's runtime: the writer is a task there.
     pub fn open_with_backend(backend: impl redb::StorageBackend) -> Result<Arc<NodeStore>, StoreError> {
         let db = Database::builder().set_cache_size(16 * 1024 * 1024).create_with_backend(backend)?;
         Self::from_database(db)
@@ -100,37 +128,88 @@ impl NodeStore {
         txn.open_table(SNAPSHOTS)?;
         txn.open_table(NODE)?;
         txn.commit()?;
-        Ok(Arc::new(NodeStore {
-            db: Mutex::new(Some(Arc::new(db))),
-            pending_flush: Mutex::new(VecDeque::new()),
-            flush_wanted: Notify::new(),
-            poisoned: Mutex::new(false),
-        }))
+        let db = Arc::new(db);
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let (jobs, queue) = mpsc::unbounded_channel();
+        start_writer(Writer { db: Some(db.clone()), queue, poisoned: poisoned.clone() });
+        Ok(Arc::new(NodeStore { db: Mutex::new(Some(db)), jobs, poisoned }))
     }
 
     pub(crate) fn db(&self) -> Result<Arc<Database>, StoreError> {
-        if *self.poisoned.lock().expect("poison flag") {
+        if self.poisoned.load(Ordering::SeqCst) {
             return Err(StoreError::Poisoned);
         }
         self.db.lock().expect("database").clone().ok_or(StoreError::Closed)
     }
 
     /// Close the database: later operations fail with `Closed`. Returns a
-    /// handle that is dead once the last in-flight operation has finished
-    /// (after which the files can be opened again).
+    /// handle that is dead once the writer and every in-flight operation
+    /// have let go of it (after which the files can be opened again).
     pub fn close(&self) -> std::sync::Weak<Database> {
+        let _ = self.jobs.send(Job::Close);
         match self.db.lock().expect("database").take() {
             Some(db) => Arc::downgrade(&db),
             None => std::sync::Weak::new(),
         }
     }
 
-    /// Run `write` in one write transaction and commit it, durably or not.
-    /// Never hold the transaction across an `.await`: redb allows one writer.
-    pub(crate) fn write<T>(
+    /// Run `write` in the writer's next transaction; returns its value once
+    /// that transaction committed (durably if `durable`).
+    pub(crate) async fn write<T: Send + 'static>(
         &self,
         durable: bool,
-        write: impl FnOnce(&redb::WriteTransaction) -> Result<T, StoreError>,
+        write: impl FnOnce(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        self.submit(durable, write, None).await
+    }
+
+    /// Run `write` (log entries) in the writer's next transaction and report
+    /// `callback` persisted once a durable commit includes it. Returns when
+    /// the entries are readable.
+    pub(crate) async fn write_reporting_persisted(
+        &self,
+        write: impl FnOnce(&WriteTransaction) -> Result<(), StoreError> + Send + 'static,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StoreError> {
+        self.submit(false, write, Some(callback)).await
+    }
+
+    async fn submit<T: Send + 'static>(
+        &self,
+        durable: bool,
+        write: impl FnOnce(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
+        persisted: Option<LogFlushed<TypeConfig>>,
+    ) -> Result<T, StoreError> {
+        if let Err(error) = self.db() {
+            if let Some(callback) = persisted {
+                callback.log_io_completed(Err(std::io::Error::other(error.to_string())));
+            }
+            return Err(error);
+        }
+        let (reply, answer) = oneshot::channel();
+        let op: WriteOp = Box::new(move |txn| {
+            let value = write(txn)?;
+            let complete: Completion = Box::new(move |committed| {
+                let _ = reply.send(committed.map(|()| value));
+            });
+            Ok(complete)
+        });
+        self.jobs.send(Job::Write { op, durable }).map_err(|_| StoreError::Closed)?;
+        // Queued right behind its write, so usually in the same transaction.
+        if let Some(callback) = persisted {
+            self.persisted_later(callback);
+        }
+        // A dropped reply means the transaction failed: the store is poisoned.
+        answer.await.unwrap_or(Err(StoreError::Poisoned))
+    }
+
+    /// Write at once on the calling thread, outside the writer. For rare,
+    /// synchronous paths (snapshot chunks); it waits for redb's write lock.
+    /// Never call it from inside a writer job.
+    pub(crate) fn write_now<T>(
+        &self,
+        durable: bool,
+        write: impl FnOnce(&WriteTransaction) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let result = (|| {
             let mut txn = self.db()?.begin_write()?;
@@ -142,7 +221,7 @@ impl NodeStore {
             Ok(value)
         })();
         if result.is_err() {
-            *self.poisoned.lock().expect("poison flag") = true;
+            self.poisoned.store(true, Ordering::SeqCst);
         }
         result
     }
@@ -156,61 +235,146 @@ impl NodeStore {
         read(&txn)
     }
 
-    /// Queue a log flush callback: it completes after the next durable
-    /// commit (see [`NodeStore::run_flusher`]).
-    pub(crate) fn flush_later(&self, callback: LogFlushed<TypeConfig>) {
-        self.pending_flush.lock().expect("flush queue").push_back(callback);
-        self.flush_wanted.notify_one();
-    }
-
-    /// Make every earlier commit durable with one fsync: a durable commit
-    /// of a counter (an empty transaction might not reach the disk).
-    pub fn flush(&self) -> Result<(), StoreError> {
-        self.write(true, |txn| {
-            let mut node = txn.open_table(NODE)?;
-            let count = node.get("flushes")?.map_or(0, |v| v.value());
-            node.insert("flushes", count + 1)?;
-            Ok(())
-        })
-    }
-
-    /// The group-commit loop: wait for queued callbacks, make all of them
-    /// durable with one flush, then tell openraft. Runs until the node
-    /// stops; one per node.
-    pub async fn run_flusher(self: Arc<Self>) {
-        loop {
-            self.flush_wanted.notified().await;
-            let batch: Vec<_> = self.pending_flush.lock().expect("flush queue").drain(..).collect();
-            if batch.is_empty() {
-                continue;
-            }
-            let result = self.flush_off_runtime().await;
-            for callback in batch {
-                let outcome = result.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
-                callback.log_io_completed(outcome);
-            }
+    /// Report `callback` (log entries already queued) persisted after the
+    /// writer's next durable commit.
+    fn persisted_later(&self, callback: LogFlushed<TypeConfig>) {
+        if let Err(mpsc::error::SendError(Job::Persisted(callback))) = self.jobs.send(Job::Persisted(callback)) {
+            callback.log_io_completed(Err(std::io::Error::other(StoreError::Closed.to_string())));
         }
     }
 
-    /// fsync blocks the thread: in production run it on a blocking thread,
-    /// in the simulation (no OS threads) inline.
-    async fn flush_off_runtime(self: &Arc<Self>) -> Result<(), StoreError> {
-        #[cfg(not(madsim))]
-        {
-            let store = Arc::clone(self);
-            match tokio::task::spawn_blocking(move || store.flush()).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Poisoned),
-            }
-        }
-        #[cfg(madsim)]
-        {
-            self.flush()
-        }
+    /// Make every earlier write durable (one fsync).
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        self.write(true, |_| Ok(())).await
     }
 
-    /// How many durable flushes this database has done (for benchmarks).
+    /// How many durable commits this database has done (for benchmarks).
     pub fn flush_count(&self) -> Result<u64, StoreError> {
         self.read(|txn| Ok(txn.open_table(NODE)?.get("flushes")?.map_or(0, |v| v.value())))
     }
+}
+
+/// The writer: owns the job queue and a handle on the database.
+struct Writer {
+    db: Option<Arc<Database>>,
+    queue: mpsc::UnboundedReceiver<Job>,
+    poisoned: Arc<AtomicBool>,
+}
+
+impl Writer {
+    /// Gather the queued jobs after `first` into one batch.
+    fn gather(&mut self, first: Job) -> Vec<Job> {
+        let mut jobs = vec![first];
+        while jobs.len() < JOBS_PER_TRANSACTION_MAX {
+            match self.queue.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        jobs
+    }
+
+    /// Run one batch. Returns false once closed.
+    ///
+    /// The writes go in one transaction, synced only if one of them asks
+    /// for it; their callers are answered at once (log entries are then
+    /// readable). If log entries wait to be reported persisted, one more
+    /// durable commit follows: a durable commit makes every earlier commit
+    /// durable too. Meanwhile new jobs queue up for the next batch, so a
+    /// slow fsync gathers more appends into the next one.
+    fn run(&mut self, jobs: Vec<Job>) -> bool {
+        let mut writes = Vec::new();
+        let mut persisted = Vec::new();
+        let mut open = true;
+        for job in jobs {
+            match job {
+                Job::Write { op, durable } => writes.push((op, durable)),
+                Job::Persisted(callback) => persisted.push(callback),
+                Job::Close => open = false,
+            }
+        }
+        let durable = writes.iter().any(|(_, durable)| *durable);
+        let mut completions = Vec::new();
+        let written = self.transaction(durable, |txn| {
+            for (op, _) in writes {
+                completions.push(op(txn)?);
+            }
+            Ok(())
+        });
+        let outcome = |result: &Result<(), StoreError>| {
+            result.as_ref().map(|_| ()).map_err(|e| StoreError::Failed(e.to_string()))
+        };
+        for complete in completions {
+            complete(outcome(&written));
+        }
+        if !persisted.is_empty() {
+            let synced = if durable || written.is_err() { written } else { self.transaction(true, |_| Ok(())) };
+            for callback in persisted {
+                callback.log_io_completed(outcome(&synced).map_err(|e| std::io::Error::other(e.to_string())));
+            }
+        }
+        if !open {
+            self.db = None;
+        }
+        open
+    }
+
+    /// One write transaction; a failure poisons the store.
+    fn transaction(
+        &self,
+        durable: bool,
+        body: impl FnOnce(&WriteTransaction) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let Some(db) = self.db.clone().filter(|_| !self.poisoned.load(Ordering::SeqCst)) else {
+            return Err(if self.db.is_none() { StoreError::Closed } else { StoreError::Poisoned });
+        };
+        let result = (|| {
+            let mut txn = db.begin_write()?;
+            if durable {
+                // A durable commit must change something to reach the disk.
+                let mut node = txn.open_table(NODE)?;
+                let count = node.get("flushes")?.map_or(0, |v| v.value());
+                node.insert("flushes", count + 1)?;
+            } else {
+                txn.set_durability(Durability::None)?;
+            }
+            body(&txn)?;
+            txn.commit()?;
+            Ok(())
+        })();
+        if let Err(error) = &result {
+            tracing::error!(%error, "storage failed; this node must restart");
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+        result
+    }
+}
+
+/// Production: a dedicated OS thread, so fsync never blocks tokio.
+#[cfg(not(madsim))]
+fn start_writer(mut writer: Writer) {
+    std::thread::Builder::new()
+        .name("keel-writer".into())
+        .spawn(move || {
+            while let Some(first) = writer.queue.blocking_recv() {
+                let jobs = writer.gather(first);
+                if !writer.run(jobs) {
+                    return;
+                }
+            }
+        })
+        .expect("start the writer thread");
+}
+
+/// Simulation: a task (no OS threads under madsim).
+#[cfg(madsim)]
+fn start_writer(mut writer: Writer) {
+    tokio::spawn(async move {
+        while let Some(first) = writer.queue.recv().await {
+            let jobs = writer.gather(first);
+            if !writer.run(jobs) {
+                return;
+            }
+        }
+    });
 }
