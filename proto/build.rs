@@ -6,6 +6,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // No system protoc needed: use the vendored binary.
         std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
     }
-    tonic_build::configure().build_server(true).build_client(true).compile_protos(&["proto/raft.proto"], &["proto"])?;
+    tonic_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_protos(&["proto/raft.proto", "proto/keel.proto"], &["proto"])?;
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! keel-proto: the `.proto` files and the code generated from them.
 //!
+//! - `v1`: the public API (produce, read, administer).
 //! - `raft`: the internal broker-to-broker Raft transport (every group over
 //!   one channel per peer).
 //!
@@ -7,6 +8,12 @@
 //! services. Generated with madsim-tonic-build, so one build yields both the
 //! real tonic code and the simulated one. No logic lives here: validation is
 //! in `keel-server`, state machines in `keel-core`.
+
+/// The public API: produce, read, administer.
+pub mod v1 {
+    #![allow(clippy::all)]
+    tonic::include_proto!("keel.v1");
+}
 
 /// The internal Raft transport between brokers.
 pub mod raft {

@@ -6,6 +6,7 @@
 //! by the state machines in `keel-core`; this crate only does I/O. The same
 //! code runs on tokio and, built with `--cfg madsim`, in the simulation.
 
+pub mod api;
 pub mod clock;
 pub mod group;
 #[cfg(not(madsim))]

@@ -16,11 +16,13 @@ use keel_core::metadata::{MetadataCommand, MetadataState};
 use keel_core::partition::PartitionState;
 use keel_core::{BrokerId, Limits, TopicPartition};
 use keel_proto::raft::raft_transport_server::RaftTransportServer;
+use keel_proto::v1::keel_server::KeelServer;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use crate::api::KeelService;
 use crate::clock::Clock;
 use crate::group::GroupId;
 use crate::raft::network::{GroupDirectory, GroupNetwork, Peers, TransportService};
@@ -158,13 +160,17 @@ impl Node {
             GroupStateMachine::open(store, GroupId::Metadata.key(), initial)?.notify_on_apply(applied.clone());
         let metadata = node.start_group(GroupId::Metadata, metadata_sm).await?;
 
-        let service = RaftTransportServer::new(TransportService::new(node.inner.clone()));
+        let transport = RaftTransportServer::new(TransportService::new(node.inner.clone()));
+        let api = KeelServer::new(KeelService::new(node.clone()));
         let listen = node.inner.config.listen;
         let stop = node.inner.stop_server.clone();
         let server = tokio::spawn(async move {
             let stopped = async move { stop.notified().await };
-            if let Err(error) =
-                tonic::transport::Server::builder().add_service(service).serve_with_shutdown(listen, stopped).await
+            if let Err(error) = tonic::transport::Server::builder()
+                .add_service(transport)
+                .add_service(api)
+                .serve_with_shutdown(listen, stopped)
+                .await
             {
                 tracing::error!(%error, %listen, "Raft transport server stopped");
             }

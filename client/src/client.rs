@@ -1,0 +1,285 @@
+//! Connections, routing and retries.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_proto::v1 as pb;
+use keel_proto::v1::keel_client::KeelClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+/// How long and how often to retry a request that could not be served.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Give up after this long.
+    pub deadline: Duration,
+    /// First wait between attempts; doubles up to `backoff_max`.
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Per-request timeout.
+    pub request_timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            deadline: Duration::from_secs(30),
+            backoff_initial: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(1000),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a request failed for good.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The broker refused the request itself (bad input, unknown topic,
+    /// fenced...): retrying will not help.
+    #[error("{} ({:?})", .0.message(), .0.code())]
+    Refused(Status),
+    /// No broker could serve the request before the deadline.
+    #[error("gave up after {deadline:?}: {last}")]
+    GaveUp { deadline: Duration, last: String },
+    #[error("broker address {address:?} is not usable: {reason}")]
+    BadAddress { address: String, reason: String },
+    #[error("no broker addresses were given")]
+    NoBrokers,
+}
+
+/// Where to send a request.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Route {
+    /// The metadata group's leader.
+    Metadata,
+    /// A partition's leader.
+    Partition(String, u32),
+    /// Any broker.
+    Any,
+}
+
+/// A keel client: cheap to clone, safe to share.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    policy: RetryPolicy,
+    /// Every broker address known, bootstrap first.
+    brokers: Mutex<Vec<String>>,
+    channels: Mutex<BTreeMap<String, Channel>>,
+    /// The last known leader address per route.
+    leaders: Mutex<BTreeMap<Route, String>>,
+}
+
+/// What a refusing broker said to do next.
+enum Next {
+    Retry(Vec<String>),
+    Backoff,
+    Fail,
+}
+
+fn hinted_addresses(status: &Status, key: &str) -> Vec<String> {
+    let Some(value) = status.metadata().get(key).and_then(|v| v.to_str().ok()) else { return Vec::new() };
+    value
+        .split(',')
+        .filter_map(|entry| entry.split_once('@').map(|(_, address)| address.to_string()))
+        .filter(|a| !a.is_empty())
+        .collect()
+}
+
+fn next_step(status: &Status) -> Next {
+    match status.code() {
+        Code::FailedPrecondition => {
+            let mut hints = hinted_addresses(status, "keel-leader");
+            hints.extend(hinted_addresses(status, "keel-replicas"));
+            if hints.is_empty() {
+                Next::Fail
+            } else {
+                Next::Retry(hints)
+            }
+        }
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled | Code::Internal => Next::Backoff,
+        _ => Next::Fail,
+    }
+}
+
+impl Client {
+    /// A client for the cluster reachable at `brokers` (`host:port`).
+    /// Connections are made lazily.
+    pub fn new(brokers: Vec<String>, policy: RetryPolicy) -> Result<Client, ClientError> {
+        if brokers.is_empty() {
+            return Err(ClientError::NoBrokers);
+        }
+        let client = Client {
+            inner: Arc::new(Inner {
+                policy,
+                brokers: Mutex::new(brokers),
+                channels: Mutex::new(BTreeMap::new()),
+                leaders: Mutex::new(BTreeMap::new()),
+            }),
+        };
+        Ok(client)
+    }
+
+    fn channel(&self, address: &str) -> Result<Channel, ClientError> {
+        let mut channels = self.inner.channels.lock().expect("channels");
+        if let Some(channel) = channels.get(address) {
+            return Ok(channel.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .map_err(|e| ClientError::BadAddress { address: address.to_string(), reason: e.to_string() })?
+            .connect_timeout(Duration::from_millis(1000))
+            .timeout(self.inner.policy.request_timeout);
+        let channel = endpoint.connect_lazy();
+        channels.insert(address.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    /// Addresses to try for `route`, best first.
+    fn candidates(&self, route: &Route) -> Vec<String> {
+        let mut candidates = Vec::new();
+        if let Some(leader) = self.inner.leaders.lock().expect("leaders").get(route) {
+            candidates.push(leader.clone());
+        }
+        for broker in self.inner.brokers.lock().expect("brokers").iter() {
+            if !candidates.contains(broker) {
+                candidates.push(broker.clone());
+            }
+        }
+        candidates
+    }
+
+    fn learn(&self, route: &Route, address: &str) {
+        if *route != Route::Any {
+            self.inner.leaders.lock().expect("leaders").insert(route.clone(), address.to_string());
+        }
+        let mut brokers = self.inner.brokers.lock().expect("brokers");
+        if !brokers.iter().any(|b| b == address) {
+            brokers.push(address.to_string());
+        }
+    }
+
+    /// Send a request to the broker that must take it, following hints and
+    /// backing off through elections, until it succeeds, is refused for
+    /// good, or the deadline passes.
+    pub async fn call<T, F, Fut>(&self, route: Route, request: F) -> Result<T, ClientError>
+    where
+        F: Fn(KeelClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let policy = self.inner.policy;
+        let started = tokio::time::Instant::now();
+        let mut backoff = policy.backoff_initial;
+        let mut queue = self.candidates(&route);
+        let mut last = String::from("no attempt made");
+        loop {
+            if started.elapsed() > policy.deadline {
+                return Err(ClientError::GaveUp { deadline: policy.deadline, last });
+            }
+            let Some(address) = queue.first().cloned() else {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(policy.backoff_max);
+                queue = self.candidates(&route);
+                continue;
+            };
+            queue.remove(0);
+            match request(KeelClient::new(self.channel(&address)?)).await {
+                Ok(response) => {
+                    self.learn(&route, &address);
+                    return Ok(response.into_inner());
+                }
+                Err(status) => {
+                    last = format!("{address}: {}: {}", status.code(), status.message());
+                    match next_step(&status) {
+                        Next::Fail => return Err(ClientError::Refused(status)),
+                        Next::Retry(hints) => {
+                            for hint in hints.into_iter().rev() {
+                                queue.retain(|a| *a != hint);
+                                queue.insert(0, hint);
+                            }
+                        }
+                        Next::Backoff => {}
+                    }
+                }
+            }
+        }
+    }
+
+    pub async fn create_topic(&self, request: pb::CreateTopicRequest) -> Result<pb::TopicDescription, ClientError> {
+        let response = self
+            .call(Route::Metadata, |mut c| {
+                let r = request.clone();
+                async move { c.create_topic(r).await }
+            })
+            .await?;
+        Ok(response.topic.unwrap_or_default())
+    }
+
+    pub async fn delete_topic(&self, topic: &str) -> Result<(), ClientError> {
+        let request = pb::DeleteTopicRequest { topic: topic.to_string() };
+        self.call(Route::Metadata, |mut c| {
+            let r = request.clone();
+            async move { c.delete_topic(r).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    pub async fn list_topics(&self) -> Result<Vec<pb::TopicDescription>, ClientError> {
+        Ok(self.call(Route::Any, |mut c| async move { c.list_topics(pb::ListTopicsRequest {}).await }).await?.topics)
+    }
+
+    pub async fn describe_topic(&self, topic: &str) -> Result<pb::TopicDescription, ClientError> {
+        let request = pb::DescribeTopicRequest { topic: topic.to_string() };
+        let response = self
+            .call(Route::Any, |mut c| {
+                let r = request.clone();
+                async move { c.describe_topic(r).await }
+            })
+            .await?;
+        Ok(response.topic.unwrap_or_default())
+    }
+
+    pub async fn describe_cluster(&self) -> Result<pb::DescribeClusterResponse, ClientError> {
+        let cluster = self
+            .call(Route::Any, |mut c| async move { c.describe_cluster(pb::DescribeClusterRequest {}).await })
+            .await?;
+        for broker in &cluster.brokers {
+            self.learn(&Route::Any, &broker.address);
+        }
+        Ok(cluster)
+    }
+
+    pub async fn allocate_producer_id(&self) -> Result<u64, ClientError> {
+        let response =
+            self.call(Route::Metadata, |mut c| async move {
+                c.allocate_producer_id(pb::AllocateProducerIdRequest {}).await
+            })
+            .await?;
+        Ok(response.producer_id)
+    }
+
+    /// Append a batch to one partition (its leader takes it).
+    pub async fn produce(&self, request: pb::ProduceRequest) -> Result<pb::ProduceResponse, ClientError> {
+        let route = Route::Partition(request.topic.clone(), request.partition);
+        self.call(route, |mut c| {
+            let r = request.clone();
+            async move { c.produce(r).await }
+        })
+        .await
+    }
+
+    /// Read committed records of one partition from any replica.
+    pub async fn read(&self, request: pb::ReadRequest) -> Result<pb::ReadResponse, ClientError> {
+        let route = Route::Partition(request.topic.clone(), request.partition);
+        self.call(route, |mut c| {
+            let r = request.clone();
+            async move { c.read(r).await }
+        })
+        .await
+    }
+}

@@ -1,0 +1,20 @@
+//! keel-client: the one client library, used by the `keel` command line,
+//! the integration tests and the simulation.
+//!
+//! - [`Client`]: connections to brokers, routing of each request to the
+//!   broker that must take it (following the `keel-leader` and
+//!   `keel-replicas` hints of a refusing broker), and retries with backoff
+//!   through elections.
+//! - [`Producer`]: the idempotent producer (G8): a producer id from the
+//!   cluster, one sequence per partition, and retries of a batch with the
+//!   same sequence, so a retried batch is appended once.
+//!
+//! It uses tokio's clock and madsim-tonic, so the same code runs inside the
+//! simulation.
+
+mod client;
+mod producer;
+
+pub use client::{Client, ClientError, RetryPolicy};
+pub use keel_proto::v1 as pb;
+pub use producer::{Producer, Sent};

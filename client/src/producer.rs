@@ -1,0 +1,132 @@
+//! The idempotent producer (G8).
+
+use std::collections::BTreeMap;
+
+use keel_core::routing::{partition_for_key, KeylessSpreader};
+use keel_proto::v1 as pb;
+
+use crate::client::{Client, ClientError};
+
+/// Where a batch landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    pub partition: u32,
+    pub base_offset: u64,
+    pub count: u32,
+    /// The batch had been appended by an earlier attempt.
+    pub duplicate: bool,
+}
+
+/// An idempotent producer. Batches to one partition go one at a time, each
+/// with the next sequence. The client retries a batch (same sequence)
+/// through elections and lost replies, so a retry is answered with the
+/// original offsets instead of being appended twice. If a send still fails,
+/// its outcome is unknown: the batch is kept and resent, with its own
+/// sequence, before the next batch to that partition, so neither a
+/// duplicate nor a sequence gap can follow.
+pub struct Producer {
+    client: Client,
+    producer_id: u64,
+    /// Next sequence per (topic, partition).
+    sequences: BTreeMap<(String, u32), u64>,
+    /// Partition counts, learned on first use of a topic.
+    partition_counts: BTreeMap<String, u32>,
+    spreader: KeylessSpreader,
+    /// A batch whose send failed, per partition: (sequence, records).
+    unresolved: BTreeMap<(String, u32), (u64, Vec<pb::Record>)>,
+}
+
+impl Producer {
+    /// A producer with a fresh id from the cluster. `spread_start` seeds the
+    /// round-robin of keyless batches (draw it from your RNG).
+    pub async fn new(client: Client, spread_start: u64) -> Result<Producer, ClientError> {
+        let producer_id = client.allocate_producer_id().await?;
+        Ok(Producer {
+            client,
+            producer_id,
+            sequences: BTreeMap::new(),
+            partition_counts: BTreeMap::new(),
+            spreader: KeylessSpreader::new(spread_start),
+            unresolved: BTreeMap::new(),
+        })
+    }
+
+    pub fn producer_id(&self) -> u64 {
+        self.producer_id
+    }
+
+    async fn partition_count(&mut self, topic: &str) -> Result<u32, ClientError> {
+        if let Some(count) = self.partition_counts.get(topic) {
+            return Ok(*count);
+        }
+        let count = self.client.describe_topic(topic).await?.partitions.len() as u32;
+        self.partition_counts.insert(topic.to_string(), count);
+        Ok(count)
+    }
+
+    /// Send `records` to `topic`: to the key's partition if `key` is given
+    /// (FNV-1a 64 of the key modulo the partition count), else spread
+    /// round-robin.
+    pub async fn send(
+        &mut self,
+        topic: &str,
+        key: Option<&[u8]>,
+        records: Vec<pb::Record>,
+    ) -> Result<Sent, ClientError> {
+        let count = self.partition_count(topic).await?;
+        let partition = match key {
+            Some(key) => partition_for_key(key, count),
+            None => self.spreader.next_partition(count),
+        }
+        .map_err(|e| ClientError::Refused(tonic::Status::invalid_argument(e.to_string())))?;
+        self.send_to(topic, partition.0, records).await
+    }
+
+    /// Send `records` to one partition.
+    pub async fn send_to(
+        &mut self,
+        topic: &str,
+        partition: u32,
+        records: Vec<pb::Record>,
+    ) -> Result<Sent, ClientError> {
+        let slot = (topic.to_string(), partition);
+        if let Some((sequence, earlier)) = self.unresolved.get(&slot).cloned() {
+            self.attempt(&slot, sequence, earlier).await?;
+        }
+        let sequence = self.sequences.get(&slot).copied().unwrap_or(0);
+        self.attempt(&slot, sequence, records).await
+    }
+
+    async fn attempt(
+        &mut self,
+        slot: &(String, u32),
+        sequence: u64,
+        records: Vec<pb::Record>,
+    ) -> Result<Sent, ClientError> {
+        let (topic, partition) = (slot.0.clone(), slot.1);
+        let request = pb::ProduceRequest {
+            topic,
+            partition,
+            records: records.clone(),
+            idempotent: true,
+            producer_id: self.producer_id,
+            sequence,
+        };
+        match self.client.produce(request).await {
+            Ok(response) => {
+                self.unresolved.remove(slot);
+                self.sequences.insert(slot.clone(), sequence + 1);
+                Ok(Sent {
+                    partition,
+                    base_offset: response.base_offset,
+                    count: response.count,
+                    duplicate: response.duplicate,
+                })
+            }
+            Err(error) => {
+                self.unresolved.insert(slot.clone(), (sequence, records));
+                Err(error)
+            }
+        }
+    }
+}

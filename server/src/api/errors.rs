@@ -1,0 +1,83 @@
+//! How refusals become gRPC statuses, with messages that say what to do.
+
+use keel_core::metadata::MetadataRejection;
+use keel_core::partition::PartitionRejection;
+use keel_core::NameError;
+use tonic::{Code, Status};
+
+use crate::node::ProposeError;
+
+/// Response metadata naming the leader to retry at: `<id>@<host:port>`.
+pub const LEADER_METADATA: &str = "keel-leader";
+/// Response metadata naming a partition's replicas: `<id>@<host:port>,...`.
+pub const REPLICAS_METADATA: &str = "keel-replicas";
+
+fn with_metadata(mut status: Status, key: &'static str, value: &str) -> Status {
+    if let Ok(value) = value.parse() {
+        status.metadata_mut().insert(key, value);
+    }
+    status
+}
+
+pub(super) fn invalid_name(error: NameError) -> Status {
+    Status::invalid_argument(error.to_string())
+}
+
+pub(super) fn not_leader(error: ProposeError) -> Status {
+    match &error {
+        ProposeError::NotLeader { leader: Some(leader), address: Some(address), .. } => with_metadata(
+            Status::failed_precondition(error.to_string()),
+            LEADER_METADATA,
+            &format!("{leader}@{address}"),
+        ),
+        ProposeError::NotLeader { .. } => {
+            Status::unavailable(format!("{error}: no leader is known yet, retry shortly"))
+        }
+        ProposeError::GroupNotHere { .. } => Status::failed_precondition(error.to_string()),
+        ProposeError::Raft { .. } => Status::unavailable(format!("{error}: retry shortly")),
+    }
+}
+
+/// A partition hosted elsewhere: name its replicas.
+pub(super) fn elsewhere(message: String, replicas: &str) -> Status {
+    with_metadata(Status::failed_precondition(message), REPLICAS_METADATA, replicas)
+}
+
+pub(super) fn metadata_rejection(rejection: MetadataRejection) -> Status {
+    use MetadataRejection::*;
+    let code = match &rejection {
+        InvalidName(_)
+        | InvalidBrokerAddress { .. }
+        | InvalidPartitionCount { .. }
+        | ReplicationFactorTooHigh { .. } => Code::InvalidArgument,
+        Placement(_) | InvalidReplicas { .. } | EmptySubscription | SessionTimeoutOutOfRange { .. } => {
+            Code::InvalidArgument
+        }
+        TooManySubscriptions { .. } => Code::InvalidArgument,
+        TopicExists { .. } => Code::AlreadyExists,
+        UnknownBroker { .. }
+        | UnknownTopic { .. }
+        | UnknownPartition { .. }
+        | UnknownGroup { .. }
+        | UnknownMember { .. } => Code::NotFound,
+        TooManyBrokers { .. }
+        | TooManyTopics { .. }
+        | TooManyGroups { .. }
+        | TooManyMembers { .. }
+        | ProducerIdsExhausted => Code::ResourceExhausted,
+        BrokerHoldsReplicas { .. } | AssignorMismatch { .. } => Code::FailedPrecondition,
+    };
+    Status::new(code, rejection.to_string())
+}
+
+pub(super) fn partition_rejection(rejection: PartitionRejection) -> Status {
+    use PartitionRejection::*;
+    let code = match &rejection {
+        InvalidName(_) | EmptyBatch | InvalidRecord { .. } | PositionOutOfRange { .. } => Code::InvalidArgument,
+        TooManyRecords { .. } | BatchTooLarge { .. } | TooManyGroups { .. } | OffsetOverflow => Code::ResourceExhausted,
+        SequenceGap { .. } | SequenceTooOld { .. } | UnknownProducer { .. } => Code::FailedPrecondition,
+        Fenced { .. } | NotClaimed { .. } => Code::Aborted,
+        CommitBeyondHighWatermark { .. } | CommitBackwards { .. } => Code::OutOfRange,
+    };
+    Status::new(code, rejection.to_string())
+}

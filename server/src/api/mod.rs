@@ -1,0 +1,16 @@
+//! The public gRPC API (`keel.v1.Keel`), served by every broker.
+//!
+//! Every request is validated here first (names, sizes, that the topic and
+//! partition exist) and again by the state machine in apply. Writes must
+//! reach the leader of the group that takes them; keel does not forward: a
+//! broker that does not lead answers `FAILED_PRECONDITION` with the
+//! leader's id and address in the `keel-leader` response metadata
+//! (`<id>@<host:port>`), or, for a partition not hosted here, its replicas
+//! in `keel-replicas` (`<id>@<host:port>,...`). The client library follows
+//! these hints. Reads of committed records are served by any replica.
+
+mod errors;
+mod service;
+
+pub use errors::{LEADER_METADATA, REPLICAS_METADATA};
+pub use service::KeelService;

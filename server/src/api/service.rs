@@ -1,0 +1,259 @@
+//! `keel.v1.Keel` on a broker node.
+
+use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState, RetentionPolicy, TopicInfo};
+use keel_core::partition::{PartitionCommand, PartitionOutcome, ProducerBatch};
+use keel_core::record::{Header, Record, StoredRecord};
+use keel_core::{Offset, PartitionIndex, ProducerId, Sequence, TimestampMs, TopicName, TopicPartition};
+use keel_proto::v1 as pb;
+use keel_proto::v1::keel_server::Keel;
+use tonic::{Request, Response, Status};
+
+use super::errors::{elsewhere, invalid_name, metadata_rejection, not_leader, partition_rejection};
+use crate::group::GroupId;
+use crate::node::Node;
+use crate::raft::types::{Command, Response as Applied};
+
+/// The public API of one broker.
+pub struct KeelService {
+    node: Node,
+}
+
+impl KeelService {
+    pub fn new(node: Node) -> Self {
+        KeelService { node }
+    }
+
+    async fn propose_metadata(&self, command: MetadataCommand) -> Result<MetadataOutcome, Status> {
+        match self.node.propose(&GroupId::Metadata, Command::Metadata(command)).await.map_err(not_leader)? {
+            Applied::Metadata(result) => result.map_err(metadata_rejection),
+            other => Err(Status::internal(format!("the metadata group answered {other:?}"))),
+        }
+    }
+
+    async fn propose_partition(
+        &self,
+        partition: &TopicPartition,
+        command: PartitionCommand,
+    ) -> Result<PartitionOutcome, Status> {
+        let group = GroupId::Partition(partition.clone());
+        if self.node.raft(&group).is_none() {
+            return Err(self.hosted_elsewhere(partition));
+        }
+        match self.node.propose(&group, Command::Partition(command)).await.map_err(not_leader)? {
+            Applied::Partition(result) => result.map_err(partition_rejection),
+            other => Err(Status::internal(format!("partition {partition} answered {other:?}"))),
+        }
+    }
+
+    fn hosted_elsewhere(&self, partition: &TopicPartition) -> Status {
+        let metadata = self.node.metadata();
+        let replicas = metadata
+            .topic(&partition.topic)
+            .and_then(|t| t.partitions.get(partition.partition.0 as usize))
+            .map(|p| p.replicas.clone())
+            .unwrap_or_default();
+        let hint = replicas
+            .iter()
+            .map(|b| format!("{b}@{}", metadata.brokers().get(b).map(|i| i.address.as_str()).unwrap_or("")))
+            .collect::<Vec<_>>()
+            .join(",");
+        elsewhere(
+            format!("partition {partition} is not hosted on broker {}; its replicas are {hint}", self.node.id()),
+            &hint,
+        )
+    }
+
+    /// Validate a topic and partition against this broker's metadata.
+    fn partition(&self, metadata: &MetadataState, topic: &str, partition: u32) -> Result<TopicPartition, Status> {
+        let name = TopicName::new(topic).map_err(invalid_name)?;
+        let info = metadata
+            .topic(&name)
+            .ok_or_else(|| Status::not_found(format!("topic {name} does not exist: create it first")))?;
+        if partition as usize >= info.partitions.len() {
+            return Err(Status::not_found(format!(
+                "topic {name} has {} partitions, so partition {partition} does not exist",
+                info.partitions.len()
+            )));
+        }
+        Ok(TopicPartition::new(name, PartitionIndex(partition)))
+    }
+
+    fn describe(&self, name: &TopicName, info: &TopicInfo) -> pb::TopicDescription {
+        let partitions = info
+            .partitions
+            .iter()
+            .enumerate()
+            .map(|(index, placement)| {
+                let tp = TopicPartition::new(name.clone(), PartitionIndex(index as u32));
+                let state = self.node.partition(&tp);
+                let leader = self
+                    .node
+                    .raft(&GroupId::Partition(tp))
+                    .and_then(|r| r.metrics().borrow().current_leader)
+                    .unwrap_or(0);
+                pb::PartitionDescription {
+                    partition: index as u32,
+                    replicas: placement.replicas.iter().map(|b| b.0).collect(),
+                    leader,
+                    log_start: state.as_ref().map_or(0, |s| s.log_start().0),
+                    high_watermark: state.as_ref().map_or(0, |s| s.high_watermark().0),
+                }
+            })
+            .collect();
+        pb::TopicDescription { name: name.to_string(), replication_factor: info.replication_factor, partitions }
+    }
+}
+
+fn to_record(record: pb::Record) -> Record {
+    Record {
+        key: record.key,
+        value: record.value,
+        headers: record.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
+        producer_timestamp_ms: record.producer_timestamp_ms.map(TimestampMs),
+    }
+}
+
+fn from_record(stored: StoredRecord) -> pb::StoredRecord {
+    let record = stored.record;
+    pb::StoredRecord {
+        offset: stored.offset.0,
+        append_time_ms: stored.append_time_ms.0,
+        record: Some(pb::Record {
+            key: record.key,
+            value: record.value,
+            headers: record.headers.into_iter().map(|h| pb::Header { key: h.key, value: h.value }).collect(),
+            producer_timestamp_ms: record.producer_timestamp_ms.map(|t| t.0),
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl Keel for KeelService {
+    async fn allocate_producer_id(
+        &self,
+        _request: Request<pb::AllocateProducerIdRequest>,
+    ) -> Result<Response<pb::AllocateProducerIdResponse>, Status> {
+        match self.propose_metadata(MetadataCommand::AllocateProducerId).await? {
+            MetadataOutcome::ProducerIdAllocated { producer } => {
+                Ok(Response::new(pb::AllocateProducerIdResponse { producer_id: producer.0 }))
+            }
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
+        let request = request.into_inner();
+        let metadata = self.node.metadata();
+        let partition = self.partition(&metadata, &request.topic, request.partition)?;
+        let limits = metadata.limits();
+        if request.records.is_empty() {
+            return Err(Status::invalid_argument("the batch is empty: send at least one record"));
+        }
+        if request.records.len() as u64 > u64::from(limits.batch_records_max) {
+            return Err(Status::resource_exhausted(format!(
+                "the batch has {} records; the limit is {}: split it",
+                request.records.len(),
+                limits.batch_records_max
+            )));
+        }
+        let records: Vec<Record> = request.records.into_iter().map(to_record).collect();
+        for (index, record) in records.iter().enumerate() {
+            record.validate(limits).map_err(|e| Status::resource_exhausted(format!("record {index}: {e}")))?;
+        }
+        let producer = request.idempotent.then_some(ProducerBatch {
+            producer: ProducerId(request.producer_id),
+            sequence: Sequence(request.sequence),
+        });
+        match self.propose_partition(&partition, PartitionCommand::Append { producer, records }).await? {
+            PartitionOutcome::Appended { base_offset, count, duplicate } => {
+                Ok(Response::new(pb::ProduceResponse { base_offset: base_offset.0, count, duplicate }))
+            }
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
+        let request = request.into_inner();
+        let partition = self.partition(&self.node.metadata(), &request.topic, request.partition)?;
+        let max_bytes = if request.max_bytes == 0 { u64::MAX } else { request.max_bytes };
+        let result = self
+            .node
+            .read_partition(&partition, |state, log| {
+                (
+                    state.read(log, Offset(request.offset), request.max_records, max_bytes).map_err(|e| e.to_string()),
+                    state.high_watermark(),
+                )
+            })
+            .ok_or_else(|| self.hosted_elsewhere(&partition))?;
+        match result {
+            (Ok(records), high_watermark) => Ok(Response::new(pb::ReadResponse {
+                records: records.into_iter().map(from_record).collect(),
+                high_watermark: high_watermark.0,
+            })),
+            (Err(message), _) => Err(Status::out_of_range(message)),
+        }
+    }
+
+    async fn create_topic(
+        &self,
+        request: Request<pb::CreateTopicRequest>,
+    ) -> Result<Response<pb::CreateTopicResponse>, Status> {
+        let request = request.into_inner();
+        let name = TopicName::new(request.topic.as_str()).map_err(invalid_name)?;
+        let retention = RetentionPolicy { max_age_ms: request.retention_ms, max_bytes: request.retention_bytes };
+        let command = MetadataCommand::CreateTopic {
+            topic: request.topic,
+            partitions: request.partitions,
+            replication_factor: request.replication_factor,
+            retention,
+        };
+        self.propose_metadata(command).await?;
+        let metadata = self.node.metadata();
+        let info = metadata.topic(&name).ok_or_else(|| Status::internal("the created topic is missing"))?;
+        Ok(Response::new(pb::CreateTopicResponse { topic: Some(self.describe(&name, info)) }))
+    }
+
+    async fn delete_topic(
+        &self,
+        request: Request<pb::DeleteTopicRequest>,
+    ) -> Result<Response<pb::DeleteTopicResponse>, Status> {
+        let topic = request.into_inner().topic;
+        TopicName::new(topic.as_str()).map_err(invalid_name)?;
+        self.propose_metadata(MetadataCommand::DeleteTopic { topic }).await?;
+        Ok(Response::new(pb::DeleteTopicResponse {}))
+    }
+
+    async fn list_topics(
+        &self,
+        _request: Request<pb::ListTopicsRequest>,
+    ) -> Result<Response<pb::ListTopicsResponse>, Status> {
+        let metadata = self.node.metadata();
+        let topics = metadata.topics().iter().map(|(name, info)| self.describe(name, info)).collect();
+        Ok(Response::new(pb::ListTopicsResponse { topics }))
+    }
+
+    async fn describe_topic(
+        &self,
+        request: Request<pb::DescribeTopicRequest>,
+    ) -> Result<Response<pb::DescribeTopicResponse>, Status> {
+        let name = TopicName::new(request.into_inner().topic).map_err(invalid_name)?;
+        let metadata = self.node.metadata();
+        let info = metadata.topic(&name).ok_or_else(|| Status::not_found(format!("topic {name} does not exist")))?;
+        Ok(Response::new(pb::DescribeTopicResponse { topic: Some(self.describe(&name, info)) }))
+    }
+
+    async fn describe_cluster(
+        &self,
+        _request: Request<pb::DescribeClusterRequest>,
+    ) -> Result<Response<pb::DescribeClusterResponse>, Status> {
+        let metadata = self.node.metadata();
+        let brokers = metadata
+            .brokers()
+            .iter()
+            .map(|(id, info)| pb::BrokerDescription { id: id.0, address: info.address.clone() })
+            .collect();
+        let metadata_leader =
+            self.node.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader).unwrap_or(0);
+        Ok(Response::new(pb::DescribeClusterResponse { brokers, metadata_leader }))
+    }
+}

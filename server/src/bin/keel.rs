@@ -1,0 +1,345 @@
+//! `keel`: run a broker (`keel serve`) or talk to a cluster (topics,
+//! produce, read, cluster status).
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use keel_client::{pb, Client, Producer, RetryPolicy};
+use keel_server::clock::Clock;
+use keel_server::node::{Node, NodeConfig};
+use keel_server::storage::NodeStore;
+use serde::Deserialize;
+
+#[derive(Parser)]
+#[command(
+    name = "keel",
+    version,
+    about = "keel: a Kafka-like message broker shown correct by deterministic simulation"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a broker. With no arguments: a single-node cluster on
+    /// 127.0.0.1:7070 with its data in ./keel-data.
+    Serve(ServeArgs),
+    /// Create, list, describe or delete topics.
+    #[command(subcommand)]
+    Topic(TopicCommand),
+    /// Produce stdin, one record a line, to a topic.
+    Produce(ProduceArgs),
+    /// Print committed records of one partition.
+    Read(ReadArgs),
+    /// Show the brokers and the metadata leader.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Args, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct ServeArgs {
+    /// A TOML file with any of these settings (flags and KEEL_* variables win).
+    #[arg(long, env = "KEEL_CONFIG")]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// This broker's id.
+    #[arg(long, env = "KEEL_ID")]
+    id: Option<u64>,
+    /// Address to listen on.
+    #[arg(long, env = "KEEL_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Address other brokers and clients use to reach this one (default: the
+    /// listen address).
+    #[arg(long, env = "KEEL_ADVERTISE")]
+    advertise: Option<String>,
+    /// Data directory.
+    #[arg(long, env = "KEEL_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// The brokers of a new cluster, this one included: ID=HOST:PORT,...
+    #[arg(long, env = "KEEL_PEERS", value_delimiter = ',')]
+    peers: Option<Vec<String>>,
+}
+
+#[derive(Args)]
+struct Connection {
+    /// A broker of the cluster (host:port).
+    #[arg(long, env = "KEEL_BROKER", default_value = "127.0.0.1:7070", global = true)]
+    broker: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum TopicCommand {
+    Create {
+        name: String,
+        #[arg(long, default_value_t = 1)]
+        partitions: u32,
+        #[arg(long, default_value_t = 1)]
+        replication_factor: u32,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    List {
+        #[command(flatten)]
+        connection: Connection,
+    },
+    Describe {
+        name: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    Delete {
+        name: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+#[derive(Args)]
+struct ProduceArgs {
+    topic: String,
+    /// Split each line at the first SEPARATOR into key and value.
+    #[arg(long)]
+    key_separator: Option<String>,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+#[derive(Args)]
+struct ReadArgs {
+    topic: String,
+    #[arg(long, default_value_t = 0)]
+    partition: u32,
+    #[arg(long, default_value_t = 0)]
+    offset: u64,
+    #[arg(long, default_value_t = 100)]
+    max_records: u32,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+#[derive(Subcommand)]
+enum ClusterCommand {
+    Status {
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = tokio::runtime::Runtime::new()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(run(cli.command)));
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve(args) => serve(args).await,
+        Command::Topic(command) => topic(command).await,
+        Command::Produce(args) => produce(args).await,
+        Command::Read(args) => read(args).await,
+        Command::Cluster(ClusterCommand::Status { connection }) => {
+            let cluster = client(&connection)?.describe_cluster().await?;
+            if connection.json {
+                let brokers: Vec<_> =
+                    cluster.brokers.iter().map(|b| serde_json::json!({"id": b.id, "address": b.address})).collect();
+                println!("{}", serde_json::json!({"brokers": brokers, "metadata_leader": cluster.metadata_leader}));
+            } else {
+                println!("{:<8} {:<24} ROLE", "BROKER", "ADDRESS");
+                for broker in &cluster.brokers {
+                    let role = if broker.id == cluster.metadata_leader { "metadata leader" } else { "" };
+                    println!("{:<8} {:<24} {role}", broker.id, broker.address);
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn client(connection: &Connection) -> anyhow::Result<Client> {
+    Ok(Client::new(vec![connection.broker.clone()], RetryPolicy::default())?)
+}
+
+/// Flags and KEEL_* variables over the config file over the defaults.
+fn settle(args: ServeArgs) -> anyhow::Result<(NodeConfig, PathBuf)> {
+    let file: ServeArgs = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?
+        }
+        None => ServeArgs::default(),
+    };
+    let id = args.id.or(file.id).unwrap_or(1);
+    let listen = args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:7070".parse().expect("default address"));
+    let advertise = args.advertise.or(file.advertise).unwrap_or_else(|| listen.to_string());
+    let data_dir = args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("keel-data"));
+    let mut voters = BTreeMap::new();
+    for peer in args.peers.or(file.peers).unwrap_or_default() {
+        let (peer_id, address) = peer.split_once('=').with_context(|| format!("peer {peer:?} is not ID=HOST:PORT"))?;
+        voters.insert(
+            peer_id.parse::<u64>().with_context(|| format!("peer id {peer_id:?} is not a number"))?,
+            address.to_string(),
+        );
+    }
+    if voters.is_empty() {
+        voters.insert(id, advertise.clone());
+    }
+    if voters.get(&id) != Some(&advertise) {
+        bail!("the peers must include this broker as {id}={advertise}");
+    }
+    Ok((NodeConfig::new(id, listen, advertise, voters), data_dir))
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let (config, data_dir) = settle(args)?;
+    let store =
+        NodeStore::open(&data_dir).with_context(|| format!("opening the data directory {}", data_dir.display()))?;
+    let (id, listen) = (config.id, config.listen);
+    let node = Node::start(config, store, Clock::system()).await?;
+    println!("keel broker {id} listening on {listen} (data in {})", data_dir.display());
+    shutdown_signal().await;
+    println!("keel broker {id} shutting down");
+    node.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            biased;
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn print_topics(topics: &[pb::TopicDescription], json: bool) {
+    if json {
+        let topics: Vec<_> = topics
+            .iter()
+            .map(|t| {
+                let partitions: Vec<_> = t
+                    .partitions
+                    .iter()
+                    .map(|p| serde_json::json!({"partition": p.partition, "replicas": p.replicas, "leader": p.leader, "log_start": p.log_start, "high_watermark": p.high_watermark}))
+                    .collect();
+                serde_json::json!({"name": t.name, "replication_factor": t.replication_factor, "partitions": partitions})
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(topics));
+        return;
+    }
+    println!(
+        "{:<24} {:>9} {:<16} {:>7} {:>10} {:>14}",
+        "TOPIC", "PARTITION", "REPLICAS", "LEADER", "LOG START", "HIGH WATERMARK"
+    );
+    for topic in topics {
+        for p in &topic.partitions {
+            let replicas = p.replicas.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+            let leader = if p.leader == 0 { "-".to_string() } else { p.leader.to_string() };
+            println!(
+                "{:<24} {:>9} {:<16} {:>7} {:>10} {:>14}",
+                topic.name, p.partition, replicas, leader, p.log_start, p.high_watermark
+            );
+        }
+    }
+}
+
+async fn topic(command: TopicCommand) -> anyhow::Result<()> {
+    match command {
+        TopicCommand::Create { name, partitions, replication_factor, connection } => {
+            let request = pb::CreateTopicRequest { topic: name, partitions, replication_factor, ..Default::default() };
+            let topic = client(&connection)?.create_topic(request).await?;
+            print_topics(&[topic], connection.json);
+        }
+        TopicCommand::List { connection } => print_topics(&client(&connection)?.list_topics().await?, connection.json),
+        TopicCommand::Describe { name, connection } => {
+            print_topics(&[client(&connection)?.describe_topic(&name).await?], connection.json)
+        }
+        TopicCommand::Delete { name, connection } => {
+            client(&connection)?.delete_topic(&name).await?;
+            if !connection.json {
+                println!("deleted topic {name}");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
+    let client = client(&args.connection)?;
+    let mut producer = Producer::new(client, u64::from(std::process::id())).await?;
+    let stdin = std::io::stdin();
+    let mut count = 0u64;
+    for line in stdin.lock().lines() {
+        let line = line.context("reading stdin")?;
+        let (key, value) = match &args.key_separator {
+            Some(separator) => match line.split_once(separator.as_str()) {
+                Some((key, value)) => (Some(key.as_bytes().to_vec()), value.to_string()),
+                None => (None, line.clone()),
+            },
+            None => (None, line.clone()),
+        };
+        let record = pb::Record { key: key.clone(), value: value.into_bytes(), ..Default::default() };
+        let sent = producer.send(&args.topic, key.as_deref(), vec![record]).await?;
+        count += 1;
+        if args.connection.json {
+            println!("{}", serde_json::json!({"partition": sent.partition, "offset": sent.base_offset}));
+        }
+    }
+    if !args.connection.json {
+        eprintln!("produced {count} records to {}", args.topic);
+    }
+    Ok(())
+}
+
+async fn read(args: ReadArgs) -> anyhow::Result<()> {
+    let request = pb::ReadRequest {
+        topic: args.topic,
+        partition: args.partition,
+        offset: args.offset,
+        max_records: args.max_records,
+        max_bytes: 0,
+    };
+    let response = client(&args.connection)?.read(request).await?;
+    for stored in response.records {
+        let record = stored.record.unwrap_or_default();
+        let value = String::from_utf8_lossy(&record.value);
+        if args.connection.json {
+            let key = record.key.as_ref().map(|k| String::from_utf8_lossy(k).to_string());
+            println!(
+                "{}",
+                serde_json::json!({"offset": stored.offset, "append_time_ms": stored.append_time_ms, "key": key, "value": value})
+            );
+        } else {
+            println!("{}\t{value}", stored.offset);
+        }
+    }
+    Ok(())
+}
