@@ -185,10 +185,12 @@ impl Node {
                 .iter()
                 .map(|(id, address)| (*id, BasicNode { addr: address.clone() }))
                 .collect();
-            // Every voter proposes the same initial membership; openraft
-            // refuses all but the first on an initialised log.
-            if let Err(error) = metadata.initialize(voters).await {
-                tracing::debug!(%error, "metadata group already initialised");
+            // Every voter of a new cluster proposes the same initial
+            // membership; a restarted broker's log is already initialised.
+            if !metadata.is_initialized().await.unwrap_or(true) {
+                if let Err(error) = metadata.initialize(voters).await {
+                    tracing::debug!(%error, "metadata group already initialised");
+                }
             }
         }
         let reconciler = node.clone();
@@ -340,7 +342,7 @@ impl Node {
                 GroupStateMachine::initial_partition(limits),
             )?;
             let raft = self.start_group(group.clone(), state_machine).await?;
-            if placement.initializer == self.id() {
+            if placement.initializer == self.id() && !raft.is_initialized().await.unwrap_or(true) {
                 if let Err(error) = raft.initialize(placement.members.clone()).await {
                     tracing::debug!(%error, %group, "partition group already initialised");
                 }
@@ -359,25 +361,25 @@ impl Node {
     /// brokers that are not registered yet.
     async fn leader_duties_forever(&self) {
         loop {
+            self.leader_duties().await;
             tokio::time::sleep(self.inner.config.duty_interval).await;
-            let Some(metadata) = self.raft(&GroupId::Metadata) else {
-                continue;
-            };
-            if metadata.current_leader().await != Some(self.id()) {
+        }
+    }
+
+    async fn leader_duties(&self) {
+        let Some(metadata) = self.raft(&GroupId::Metadata) else { return };
+        if metadata.current_leader().await != Some(self.id()) {
+            return;
+        }
+        let registered = self.metadata().brokers().clone();
+        for (id, address) in &self.inner.config.metadata_voters {
+            if registered.get(&BrokerId(*id)).is_some_and(|b| &b.address == address) {
                 continue;
             }
-            let registered = self.metadata().brokers().clone();
-            for (id, address) in &self.inner.config.metadata_voters {
-                if registered.get(&BrokerId(*id)).is_some_and(|b| &b.address == address) {
-                    continue;
-                }
-                let command = Command::Metadata(MetadataCommand::RegisterBroker {
-                    broker: BrokerId(*id),
-                    address: address.clone(),
-                });
-                if let Err(error) = self.propose(&GroupId::Metadata, command).await {
-                    tracing::debug!(%error, "could not register broker {id} yet");
-                }
+            let command =
+                Command::Metadata(MetadataCommand::RegisterBroker { broker: BrokerId(*id), address: address.clone() });
+            if let Err(error) = self.propose(&GroupId::Metadata, command).await {
+                tracing::debug!(%error, "could not register broker {id} yet");
             }
         }
     }

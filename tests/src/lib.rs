@@ -1,3 +1,109 @@
 //! keel-tests: integration tests that start real `keel` processes on
 //! loopback, with real disks and real sockets. The scenarios live in
-//! `tests/tests/`; this library will hold the shared process harness.
+//! `tests/tests/`; this library is the process harness: find (or build) the
+//! `keel` binary, start brokers, run CLI commands.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The `keel` binary of this workspace, built if missing.
+pub fn keel_binary() -> PathBuf {
+    // Test executables live in target/<profile>/deps/; binaries one up.
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target profile dir").to_path_buf();
+    let binary = profile_dir.join(format!("keel{}", std::env::consts::EXE_SUFFIX));
+    // Build it once per test process, so a stale binary is never tested.
+    static BUILT: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut build = Command::new(cargo);
+        build.args(["build", "-p", "keel-server", "--bin", "keel"]);
+        if profile_dir.file_name().is_some_and(|name| name == "release") {
+            build.arg("--release");
+        }
+        let status = build.status().expect("run cargo build");
+        assert!(status.success(), "building the keel binary failed");
+    });
+    binary
+}
+
+/// A free loopback port (bound and released: good enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
+
+/// A running `keel serve` process, killed when dropped.
+pub struct Broker {
+    child: Child,
+    pub address: String,
+}
+
+impl Broker {
+    /// Start `keel serve` with `args`, in `dir`, and wait until it says it
+    /// is listening.
+    pub fn start(dir: &Path, address: &str, args: &[&str]) -> Broker {
+        let mut child = Command::new(keel_binary())
+            .arg("serve")
+            .args(["--listen", address])
+            .args(args)
+            .current_dir(dir)
+            .env("KEEL_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start keel serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let (lines, received) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        let first = received.recv_timeout(Duration::from_secs(30)).expect("keel serve printed nothing within 30 s");
+        assert!(first.contains("listening on"), "unexpected first line: {first}");
+        Broker { child, address: address.to_string() }
+    }
+
+    /// Stop with SIGKILL (a crash) and wait for the process to go.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Stop with SIGTERM (a graceful shutdown) and return its exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        self.child.wait().expect("wait for keel serve")
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Run a `keel` client command against `broker`, feeding `stdin`.
+pub fn cli(broker: &str, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(keel_binary())
+        .args(args)
+        .args(["--broker", broker])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run keel");
+    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    child.wait_with_output().expect("keel output")
+}
+
+/// Run a command that must succeed; return its standard output.
+pub fn cli_ok(broker: &str, args: &[&str], stdin: &str) -> String {
+    let output = cli(broker, args, stdin);
+    assert!(output.status.success(), "keel {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).expect("utf-8 output")
+}

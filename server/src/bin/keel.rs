@@ -215,13 +215,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (config, data_dir) = settle(args)?;
     let store =
         NodeStore::open(&data_dir).with_context(|| format!("opening the data directory {}", data_dir.display()))?;
-    let (id, listen) = (config.id, config.listen);
+    let (id, listen, single) = (config.id, config.listen, config.metadata_voters.len() == 1);
     let node = Node::start(config, store, Clock::system()).await?;
+    if single {
+        // A one-broker cluster is ready once it has registered itself; say
+        // "listening" only then, so a client started next can use it.
+        wait_until_registered(&node).await?;
+    }
     println!("keel broker {id} listening on {listen} (data in {})", data_dir.display());
     shutdown_signal().await;
     println!("keel broker {id} shutting down");
     node.shutdown().await;
     Ok(())
+}
+
+async fn wait_until_registered(node: &Node) -> anyhow::Result<()> {
+    for _ in 0..600 {
+        if node.metadata().brokers().contains_key(&keel_core::BrokerId(node.id())) {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    bail!("broker {} did not register itself within 30 s", node.id())
 }
 
 async fn shutdown_signal() {

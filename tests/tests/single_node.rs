@@ -1,0 +1,65 @@
+//! The README quick start against a real single-node `keel serve`, driven
+//! through the CLI; then bad input, which must get a clear error and leave
+//! the broker serving.
+
+use keel_tests::{cli, cli_ok, free_port, Broker};
+
+#[test]
+fn quick_start_through_the_cli() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let broker = Broker::start(dir.path(), &address, &[]);
+
+    let created = cli_ok(&address, &["topic", "create", "orders", "--partitions", "3"], "");
+    assert!(created.contains("orders"), "{created}");
+    cli_ok(&address, &["produce", "orders", "--key-separator", ":"], "user-1:first\nuser-1:second\nuser-2:third\n");
+
+    // Keyed records of one key land in one partition, in order.
+    let described: serde_json::Value =
+        serde_json::from_str(&cli_ok(&address, &["topic", "describe", "orders", "--json"], "")).unwrap();
+    let partitions = described[0]["partitions"].as_array().unwrap();
+    let total: u64 = partitions.iter().map(|p| p["high_watermark"].as_u64().unwrap()).sum();
+    assert_eq!(total, 3);
+    let mut values = Vec::new();
+    for partition in 0..3 {
+        let read = cli_ok(&address, &["read", "orders", "--partition", &partition.to_string(), "--json"], "");
+        for line in read.lines() {
+            let record: serde_json::Value = serde_json::from_str(line).unwrap();
+            values.push((record["key"].as_str().unwrap().to_string(), record["value"].as_str().unwrap().to_string()));
+        }
+    }
+    let user_1: Vec<_> = values.iter().filter(|(k, _)| k == "user-1").map(|(_, v)| v.as_str()).collect();
+    assert_eq!(user_1, ["first", "second"]);
+    assert_eq!(values.len(), 3);
+
+    let status = cli_ok(&address, &["cluster", "status"], "");
+    assert!(status.contains("metadata leader"), "{status}");
+
+    // Bad input: a clear error, a failing exit code, nothing changed.
+    for (args, expected) in [
+        (vec!["topic", "create", "bad name"], "[A-Za-z0-9._-]"),
+        (vec!["topic", "create", "orders"], "already exists"),
+        (vec!["topic", "create", "zero", "--partitions", "0"], "partitions"),
+        (vec!["topic", "create", "wide", "--replication-factor", "3"], "brokers"),
+        (vec!["read", "missing"], "does not exist"),
+        (vec!["read", "orders", "--partition", "9"], "does not exist"),
+        (vec!["topic", "describe", "missing"], "does not exist"),
+    ] {
+        let output = cli(&address, &args, "");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "keel {args:?} should fail");
+        assert!(stderr.contains(expected), "keel {args:?}: expected {expected:?} in {stderr}");
+    }
+    let listed: serde_json::Value = serde_json::from_str(&cli_ok(&address, &["topic", "list", "--json"], "")).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "bad input created nothing");
+
+    // A graceful shutdown, then a restart from the same directory keeps
+    // every record.
+    assert!(broker.terminate().success());
+    let _broker = Broker::start(dir.path(), &address, &[]);
+    let listed: serde_json::Value =
+        serde_json::from_str(&cli_ok(&address, &["topic", "describe", "orders", "--json"], "")).unwrap();
+    let total: u64 =
+        listed[0]["partitions"].as_array().unwrap().iter().map(|p| p["high_watermark"].as_u64().unwrap()).sum();
+    assert_eq!(total, 3);
+}
