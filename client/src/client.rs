@@ -10,6 +10,9 @@ use keel_proto::v1::keel_client::KeelClient;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
+/// Largest message the client sends or accepts.
+const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
+
 /// How long and how often to retry a request that could not be served.
 #[derive(Debug, Clone, Copy)]
 pub struct RetryPolicy {
@@ -187,7 +190,10 @@ impl Client {
                 continue;
             };
             queue.remove(0);
-            match request(KeelClient::new(self.channel(&address)?)).await {
+            let client = KeelClient::new(self.channel(&address)?)
+                .max_decoding_message_size(MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(MESSAGE_BYTES_MAX);
+            match request(client).await {
                 Ok(response) => {
                     self.learn(&route, &address);
                     return Ok(response.into_inner());

@@ -25,9 +25,12 @@ use tokio::task::JoinHandle;
 use crate::api::KeelService;
 use crate::clock::Clock;
 use crate::group::GroupId;
-use crate::raft::network::{GroupDirectory, GroupNetwork, Peers, TransportService};
+use crate::raft::network::{GroupDirectory, GroupNetwork, Peers, TransportService, RAFT_MESSAGE_BYTES_MAX};
 use crate::raft::types::{Command, NodeId, Raft, Request, Response};
 use crate::storage::{GroupState, GroupStateMachine, LogStore, NodeStore, StoreError};
+
+/// Largest reply of the public API.
+pub const API_REPLY_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// How a node is set up.
 #[derive(Debug, Clone)]
@@ -61,6 +64,8 @@ impl NodeConfig {
             // Snapshot chunks on the wire stay well under gRPC's 4 MiB
             // default message limit.
             snapshot_max_chunk_size: 1024 * 1024,
+            // Bounds an AppendEntries message; see RAFT_MESSAGE_BYTES_MAX.
+            max_payload_entries: 64,
             ..openraft::Config::default()
         };
         NodeConfig {
@@ -160,8 +165,16 @@ impl Node {
             GroupStateMachine::open(store, GroupId::Metadata.key(), initial)?.notify_on_apply(applied.clone());
         let metadata = node.start_group(GroupId::Metadata, metadata_sm).await?;
 
-        let transport = RaftTransportServer::new(TransportService::new(node.inner.clone()));
-        let api = KeelServer::new(KeelService::new(node.clone()));
+        let transport = RaftTransportServer::new(TransportService::new(node.inner.clone()))
+            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+        // A produce request holds at most one batch; a read reply is bounded
+        // by its byte budget (plus one record).
+        let limits = &node.inner.config.limits;
+        let request_bytes_max = limits.batch_bytes_max as usize + limits.batch_records_max as usize * 64 + 64 * 1024;
+        let api = KeelServer::new(KeelService::new(node.clone()))
+            .max_decoding_message_size(request_bytes_max)
+            .max_encoding_message_size(API_REPLY_BYTES_MAX);
         let listen = node.inner.config.listen;
         let stop = node.inner.stop_server.clone();
         let server = tokio::spawn(async move {
@@ -396,14 +409,16 @@ impl Node {
                 tracing::warn!(node = self.id(), "transport server did not stop within 5 s");
             }
         }
-        let groups: Vec<GroupHandle> = self.inner.groups.lock().expect("groups").values().cloned().collect();
-        for group in groups {
-            let _ = group.raft.shutdown().await;
-        }
+        // Stop the reconciler and duties first, so no group starts after
+        // the groups are stopped.
         for task in self.inner.tasks.lock().expect("tasks").drain(..) {
             task.abort();
         }
-        self.inner.groups.lock().expect("groups").clear();
+        let groups: Vec<GroupHandle> =
+            std::mem::take(&mut *self.inner.groups.lock().expect("groups")).into_values().collect();
+        for group in groups {
+            let _ = group.raft.shutdown().await;
+        }
         // Stopped Raft workers may still hold the store: close the database
         // under them, and wait for in-flight operations to finish, so the
         // files can be opened again at once.

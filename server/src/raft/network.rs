@@ -15,7 +15,9 @@ use std::time::Duration;
 use keel_proto::raft::raft_transport_client::RaftTransportClient;
 use keel_proto::raft::raft_transport_server::RaftTransport;
 use keel_proto::raft::{RaftReply, RaftRequest};
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -28,6 +30,11 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::types::{NodeId, Raft, TypeConfig};
 use crate::group::GroupId;
+
+/// Largest Raft message on the wire. AppendEntries requests larger than
+/// this are not sent: openraft is told the payload is too large and retries
+/// with fewer entries (one entry is at most a 4 MiB batch).
+pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// Channels to peers, one per peer address, shared by every group.
 #[derive(Debug, Clone, Default)]
@@ -44,6 +51,8 @@ pub enum TransportError {
     Status(#[from] tonic::Status),
     #[error("a message did not encode or decode: {0}")]
     Codec(#[from] postcard::Error),
+    #[error("a {bytes}-byte message is over the {RAFT_MESSAGE_BYTES_MAX}-byte limit")]
+    TooLarge { bytes: usize },
 }
 
 impl Peers {
@@ -107,9 +116,14 @@ impl PeerClient {
         option: &RPCOption,
     ) -> Result<Result<Resp, RaftError<NodeId, E>>, TransportError> {
         let channel = self.peers.channel(&self.address)?;
-        let mut client = RaftTransportClient::new(channel);
-        let mut message =
-            tonic::Request::new(RaftRequest { group: self.group.clone(), payload: postcard::to_stdvec(request)? });
+        let mut client = RaftTransportClient::new(channel)
+            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+        let payload = postcard::to_stdvec(request)?;
+        if payload.len() > RAFT_MESSAGE_BYTES_MAX - 1024 {
+            return Err(TransportError::TooLarge { bytes: payload.len() });
+        }
+        let mut message = tonic::Request::new(RaftRequest { group: self.group.clone(), payload });
         message.set_timeout(option.hard_ttl());
         let reply = match rpc {
             Rpc::AppendEntries => client.append_entries(message).await?,
@@ -142,8 +156,18 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
-        let result = self.call(Rpc::AppendEntries, &rpc, &option).await;
-        self.to_rpc_error(result)
+        let fewer =
+            || RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint((rpc.entries.len() as u64 / 2).max(1)));
+        match self.call(Rpc::AppendEntries, &rpc, &option).await {
+            // Too many entries for one message: openraft retries with fewer.
+            Err(TransportError::TooLarge { .. }) => Err(fewer()),
+            Err(TransportError::Status(status))
+                if matches!(status.code(), tonic::Code::ResourceExhausted | tonic::Code::OutOfRange) =>
+            {
+                Err(fewer())
+            }
+            result => self.to_rpc_error(result),
+        }
     }
 
     async fn install_snapshot(
