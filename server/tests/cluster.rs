@@ -108,7 +108,9 @@ async fn three_brokers_commit_survive_a_kill_and_catch_up_after_restart() {
 }
 
 /// A broker that was down while the others snapshotted and purged their
-/// logs catches up by installing a snapshot.
+/// logs catches up by installing a snapshot: the only way it can get the
+/// purged entries. Records of 100 KiB make the snapshot span several 1 MiB
+/// chunks, on disk and on the wire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lagging_broker_catches_up_by_snapshot() {
     let dir = TempDir::new().unwrap();
@@ -121,8 +123,9 @@ async fn a_lagging_broker_catches_up_by_snapshot() {
 
     // Broker 3 goes down; the others write on, snapshot and purge.
     cluster.stop(3).await;
+    let big = |sequence: u64| format!("entry-{sequence}-{}", "x".repeat(100 * 1024));
     for sequence in 0..60 {
-        cluster.propose(&group, append(9, sequence, &format!("entry-{sequence}")), DEADLINE).await.unwrap();
+        cluster.propose(&group, append(9, sequence, &big(sequence)), DEADLINE).await.unwrap();
     }
     let purged = |c: &LocalCluster, id: u64| {
         c.node(id).unwrap().raft(&group).unwrap().metrics().borrow().purged.map_or(0, |p| p.index)
@@ -141,6 +144,6 @@ async fn a_lagging_broker_catches_up_by_snapshot() {
         .unwrap();
     let snapshot = cluster.node(3).unwrap().raft(&group).unwrap().metrics().borrow().snapshot;
     assert!(snapshot.is_some_and(|s| s.index >= 40), "broker 3 installed a snapshot: {snapshot:?}");
-    assert_eq!(values(&cluster, 3, &partition), (0..60).map(|i| format!("entry-{i}")).collect::<Vec<_>>());
+    assert_eq!(values(&cluster, 3, &partition), (0..60).map(big).collect::<Vec<_>>());
     cluster.shutdown().await;
 }

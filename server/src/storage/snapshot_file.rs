@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use redb::ReadableDatabase;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncSeek, AsyncWrite, ReadBuf};
@@ -40,6 +41,9 @@ pub struct SnapshotFile {
     writing: Option<(u64, Vec<u8>)>,
     /// The chunk last read (index, bytes).
     reading: Option<(u64, Vec<u8>)>,
+    /// The read transaction chunks are read through: it pins them, so a
+    /// snapshot being streamed stays whole even if a newer one replaces it.
+    view: Option<redb::ReadTransaction>,
 }
 
 fn to_io(error: StoreError) -> io::Error {
@@ -50,17 +54,18 @@ impl SnapshotFile {
     /// An empty snapshot under `key` (any old chunks under it are removed).
     pub fn create(store: Arc<NodeStore>, key: String) -> Result<SnapshotFile, StoreError> {
         remove(&store, &key)?;
-        Ok(SnapshotFile { store, key, position: 0, length: 0, writing: None, reading: None })
+        Ok(SnapshotFile { store, key, position: 0, length: 0, writing: None, reading: None, view: None })
     }
 
     /// The snapshot stored under `key`.
     pub fn open(store: Arc<NodeStore>, key: String) -> Result<SnapshotFile, StoreError> {
-        let length = store.read(|txn| {
-            let table = txn.open_table(SNAPSHOT_CHUNKS)?;
+        let view = store.db()?.begin_read()?;
+        let length = {
+            let table = view.open_table(SNAPSHOT_CHUNKS)?;
             let row = table.get((key.as_str(), LENGTH_ROW))?;
-            Ok(row.map_or(0, |v| u64::from_le_bytes(v.value().try_into().unwrap_or([0; 8]))))
-        })?;
-        Ok(SnapshotFile { store, key, position: 0, length, writing: None, reading: None })
+            row.map_or(0, |v| u64::from_le_bytes(v.value().try_into().unwrap_or([0; 8])))
+        };
+        Ok(SnapshotFile { store, key, position: 0, length, writing: None, reading: None, view: Some(view) })
     }
 
     /// The key the chunks are stored under.
@@ -79,7 +84,9 @@ impl SnapshotFile {
             table.insert((key, LENGTH_ROW), length.to_le_bytes().as_slice())?;
             Ok(())
         })?;
+        // Later reads must see what was just written.
         self.reading = None;
+        self.view = None;
         Ok(())
     }
 
@@ -88,12 +95,17 @@ impl SnapshotFile {
             self.flush_chunk()?;
         }
         if self.reading.as_ref().is_none_or(|(i, _)| *i != index) {
-            let key = self.key.as_str();
-            let bytes = self.store.read(|txn| {
-                let table = txn.open_table(SNAPSHOT_CHUNKS)?;
-                let row = table.get((key, index))?;
-                Ok(row.map(|v| v.value().to_vec()).unwrap_or_default())
-            })?;
+            if self.view.is_none() {
+                self.view = Some(self.store.db()?.begin_read()?);
+            }
+            let view = self.view.as_ref().expect("view just opened");
+            let row = view.open_table(SNAPSHOT_CHUNKS)?.get((self.key.as_str(), index))?.map(|v| v.value().to_vec());
+            let bytes = match row {
+                Some(bytes) => bytes,
+                // A hole is only fine past the end (a chunk still being written).
+                None if index * CHUNK_BYTES as u64 >= self.length => Vec::new(),
+                None => return Err(StoreError::Snapshot(format!("chunk {index} of snapshot {} is missing", self.key))),
+            };
             self.reading = Some((index, bytes));
         }
         Ok(&self.reading.as_ref().expect("chunk just loaded").1)

@@ -13,6 +13,7 @@ use keel_core::record::StoredRecord;
 use keel_core::{Limits, Offset};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{Entry, EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder};
+use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
 use super::log_store::io_error;
@@ -49,6 +50,8 @@ pub struct GroupStateMachine {
     state: SharedGroupState,
     /// Woken after every applied batch (one waiter: the node's reconciler).
     applied_notify: Option<Arc<tokio::sync::Notify>>,
+    /// Counts snapshot streams received, for their chunk keys.
+    incoming_streams: Arc<std::sync::atomic::AtomicU64>,
 }
 
 // A snapshot stream is the `Applied` header, then (for partitions) every
@@ -79,6 +82,7 @@ impl GroupStateMachine {
             last_applied: Arc::new(Mutex::new((applied.last_applied, applied.membership))),
             state: Arc::new(Mutex::new(applied.state)),
             applied_notify: None,
+            incoming_streams: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         })
     }
 
@@ -170,7 +174,14 @@ impl GroupStateMachine {
     async fn build(&self) -> Result<Snapshot<TypeConfig>, StoreError> {
         // The log may be purged up to this snapshot: make the state durable.
         self.store.flush().await?;
-        let applied = self.applied();
+        // The state and the records as of one committed transaction, so the
+        // snapshot is consistent with its own last_log_id.
+        let view = self.store.db()?.begin_read()?;
+        let row = view.open_table(STATE)?.get(self.group.as_str())?.map(|v| v.value().to_vec());
+        let applied: Applied = match row {
+            Some(bytes) => postcard::from_bytes(&bytes)?,
+            None => self.applied(),
+        };
         let snapshot_id = match applied.last_applied {
             Some(log_id) => format!("{}-{}", log_id.leader_id, log_id.index),
             None => "empty".to_string(),
@@ -184,40 +195,49 @@ impl GroupStateMachine {
         let mut file = SnapshotFile::create(self.store.clone(), key)?;
         file.write_item(&applied)?;
         if let GroupState::Partition(partition) = &applied.state {
-            // One record in memory at a time; the read transaction sees the
-            // records exactly as of `applied`.
-            self.store.read(|txn| {
-                let reader = RecordReader { table: txn.open_table(RECORDS)?, group: self.group.as_str() };
-                let mut offset = partition.log_start();
-                while offset < partition.high_watermark() {
-                    if let Some(record) = reader.get(offset)? {
-                        file.write_item(&record)?;
-                    }
-                    offset = Offset(offset.0 + 1);
+            // One record in memory at a time.
+            let reader = RecordReader { table: view.open_table(RECORDS)?, group: self.group.as_str() };
+            let mut offset = partition.log_start();
+            while offset < partition.high_watermark() {
+                if let Some(record) = reader.get(offset)? {
+                    file.write_item(&record)?;
                 }
-                Ok(())
-            })?;
+                offset = Offset(offset.0 + 1);
+            }
         }
+        drop(view);
         file.finish()?;
         self.make_current(&meta, file.key()).await?;
         file.rewind();
         Ok(Snapshot { meta, snapshot: Box::new(file) })
     }
 
-    /// Record `key` as this group's current snapshot (durably) and drop the
-    /// previous one.
+    /// Record `key` as this group's current snapshot (durably), unless the
+    /// current one is newer (a build can finish after an install); drop
+    /// whichever snapshot lost.
     async fn make_current(&self, meta: &SnapshotMeta, key: &str) -> Result<(), StoreError> {
-        let previous = self.current_key()?;
-        let saved = postcard::to_stdvec(&(meta, key))?;
-        let group = self.group.clone();
-        self.store
+        let (group, saved, key_owned, last) =
+            (self.group.clone(), postcard::to_stdvec(&(meta, key))?, key.to_string(), meta.last_log_id);
+        let loser = self
+            .store
             .write(true, move |txn| {
-                txn.open_table(SNAPSHOTS)?.insert(group.as_str(), saved.as_slice())?;
-                Ok(())
+                let mut table = txn.open_table(SNAPSHOTS)?;
+                let current: Option<(SnapshotMeta, String)> =
+                    table.get(group.as_str())?.map(|v| postcard::from_bytes(v.value())).transpose()?;
+                match current {
+                    // A newer snapshot is current: this build lost.
+                    Some((current_meta, current_key)) if current_meta.last_log_id > last => {
+                        Ok((key_owned != current_key).then_some(key_owned))
+                    }
+                    current => {
+                        table.insert(group.as_str(), saved.as_slice())?;
+                        Ok(current.map(|(_, k)| k).filter(|k| *k != key_owned))
+                    }
+                }
             })
             .await?;
-        if let Some((_, previous)) = previous.filter(|(_, k)| k != key) {
-            snapshot_file::remove(&self.store, &previous)?;
+        if let Some(loser) = loser {
+            snapshot_file::remove(&self.store, &loser)?;
         }
         Ok(())
     }
@@ -229,34 +249,47 @@ impl GroupStateMachine {
         })
     }
 
+    /// A fresh key for a snapshot being received (one per stream).
     fn incoming_key(&self) -> String {
-        format!("{}/incoming", self.group)
+        let stream = self.incoming_streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        format!("{}/incoming-{stream}", self.group)
     }
 
     async fn install(&self, meta: &SnapshotMeta, mut file: SnapshotFile) -> Result<(), StoreError> {
+        // Check the whole stream before touching anything: a malformed
+        // snapshot is refused here, not half-applied in the shared writer.
         file.rewind();
         let applied: Applied = file.read_item()?.ok_or_else(|| StoreError::Snapshot("the snapshot is empty".into()))?;
+        while file.read_item::<StoredRecord>()?.is_some() {}
         let received = file.key().to_string();
-        let (group, row) = (self.group.clone(), postcard::to_stdvec(&applied)?);
-        // One durable transaction replaces the records and the state; the
-        // snapshot is read a chunk at a time inside it.
-        self.store
+        let key = format!("{}/snapshot-{}", self.group, meta.snapshot_id);
+        snapshot_file::copy(&self.store, &received, &key)?;
+        let mut reader = SnapshotFile::open(self.store.clone(), key.clone())?;
+        reader.read_item::<Applied>()?;
+        let (group, row, saved) =
+            (self.group.clone(), postcard::to_stdvec(&applied)?, postcard::to_stdvec(&(meta, &key))?);
+        // One durable transaction replaces the records and the state and
+        // makes this snapshot current; the records are read a chunk at a time.
+        let previous = self
+            .store
             .write(true, move |txn| {
                 let group = group.as_str();
                 let mut records = txn.open_table(RECORDS)?;
                 records.retain_in((group, 0)..=(group, u64::MAX), |_, _| false)?;
-                while let Some(record) = file.read_item::<StoredRecord>()? {
+                while let Some(record) = reader.read_item::<StoredRecord>()? {
                     records.insert((group, record.offset.0), postcard::to_stdvec(&record)?.as_slice())?;
                 }
                 txn.open_table(STATE)?.insert(group, row.as_slice())?;
-                Ok(())
+                let mut snapshots = txn.open_table(SNAPSHOTS)?;
+                let previous: Option<(SnapshotMeta, String)> =
+                    snapshots.get(group)?.map(|v| postcard::from_bytes(v.value())).transpose()?;
+                snapshots.insert(group, saved.as_slice())?;
+                Ok(previous.map(|(_, k)| k))
             })
             .await?;
-        let key = format!("{}/snapshot-{}", self.group, meta.snapshot_id);
-        if received != key {
-            snapshot_file::copy(&self.store, &received, &key)?;
+        for stale in previous.into_iter().filter(|k| *k != key).chain([received]) {
+            snapshot_file::remove(&self.store, &stale)?;
         }
-        self.make_current(meta, &key).await?;
         *self.last_applied.lock().expect("applied") = (applied.last_applied, applied.membership);
         *self.state.lock().expect("group state") = applied.state;
         self.wake_watcher();
