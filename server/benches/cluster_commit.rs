@@ -77,7 +77,12 @@ fn main() {
             retention: RetentionPolicy::default(),
         };
         cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
-        let group = GroupId::Partition(TopicPartition::new(TopicName::new("bench").unwrap(), PartitionIndex(0)));
+        let partition = TopicPartition::new(TopicName::new("bench").unwrap(), PartitionIndex(0));
+        cluster
+            .eventually("topic known", DEADLINE, |c| c.node(1).unwrap().partition_group(&partition).is_some())
+            .await
+            .unwrap();
+        let group = cluster.node(1).unwrap().partition_group(&partition).unwrap();
         cluster
             .eventually("partition on every broker", DEADLINE, |c| c.live().all(|n| n.groups().contains(&group)))
             .await

@@ -261,9 +261,21 @@ impl Node {
         }
     }
 
+    /// The Raft group of a partition of a topic as it exists now.
+    pub fn partition_group(&self, partition: &TopicPartition) -> Option<GroupId> {
+        let metadata = self.metadata();
+        let topic = metadata.topic(&partition.topic)?;
+        (partition.partition.0 < topic.partitions.len() as u32).then(|| GroupId::Partition(partition.clone(), topic.id))
+    }
+
+    fn group_handle(&self, partition: &TopicPartition) -> Option<GroupHandle> {
+        let group = self.partition_group(partition)?;
+        self.inner.groups.lock().expect("groups").get(&group).cloned()
+    }
+
     /// A copy of this replica's state of a partition, if it is hosted here.
     pub fn partition(&self, partition: &TopicPartition) -> Option<PartitionState> {
-        let handle = self.inner.groups.lock().expect("groups").get(&GroupId::Partition(partition.clone())).cloned()?;
+        let handle = self.group_handle(partition)?;
         let state = handle.state_machine.state();
         let state = state.lock().expect("partition state");
         match &*state {
@@ -278,7 +290,7 @@ impl Node {
         partition: &TopicPartition,
         read: impl FnOnce(&PartitionState, &crate::storage::RecordReader<'_>) -> T,
     ) -> Option<T> {
-        let handle = self.inner.groups.lock().expect("groups").get(&GroupId::Partition(partition.clone())).cloned()?;
+        let handle = self.group_handle(partition)?;
         handle.state_machine.with_records(read).ok().flatten()
     }
 
@@ -324,7 +336,7 @@ impl Node {
                 let initializer =
                     if placement.epoch == 0 { placement.preferred_leader().map_or(0, |b| b.0) } else { 0 };
                 let tp = TopicPartition::new(topic.clone(), keel_core::PartitionIndex(index as u32));
-                placed.insert(GroupId::Partition(tp), PlacedGroup { initializer, members });
+                placed.insert(GroupId::Partition(tp, info.id), PlacedGroup { initializer, members });
             }
         }
         placed
@@ -365,6 +377,10 @@ impl Node {
             let handle = self.inner.groups.lock().expect("groups").remove(group);
             if let Some(handle) = handle {
                 let _ = handle.raft.shutdown().await;
+                // The topic is gone (a topic created again gets new groups).
+                if let Err(error) = self.inner.store.remove_group(&group.key()).await {
+                    tracing::error!(%error, %group, "could not remove a deleted partition's data");
+                }
             }
         }
         Ok(())

@@ -45,7 +45,11 @@ async fn cluster_with_topic(
     let created = cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
     assert!(matches!(created, Response::Metadata(Ok(MetadataOutcome::TopicCreated { .. }))), "{created:?}");
     let partition = TopicPartition::new(TopicName::new(topic).unwrap(), PartitionIndex(0));
-    let group = GroupId::Partition(partition.clone());
+    cluster
+        .eventually("topic known to broker 1", DEADLINE, |c| c.node(1).unwrap().partition_group(&partition).is_some())
+        .await
+        .unwrap();
+    let group = cluster.node(1).unwrap().partition_group(&partition).unwrap();
     cluster
         .eventually("partition groups on every broker", DEADLINE, |c| c.live().all(|n| n.groups().contains(&group)))
         .await
@@ -104,6 +108,39 @@ async fn three_brokers_commit_survive_a_kill_and_catch_up_after_restart() {
         .await
         .unwrap();
     assert_eq!(values(&cluster, leader, &partition), (0..20).map(|i| format!("record-{i}")).collect::<Vec<_>>());
+
+    // Deleted and created again, the topic is new: none of the old records.
+    cluster
+        .propose(
+            &GroupId::Metadata,
+            Command::Metadata(MetadataCommand::DeleteTopic { topic: "orders".into() }),
+            DEADLINE,
+        )
+        .await
+        .unwrap();
+    cluster
+        .eventually("old groups stopped", DEADLINE, |c| c.live().all(|n| !n.groups().contains(&group)))
+        .await
+        .unwrap();
+    let create = MetadataCommand::CreateTopic {
+        topic: "orders".into(),
+        partitions: 2,
+        replication_factor: 3,
+        retention: RetentionPolicy::default(),
+    };
+    cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
+    cluster
+        .eventually("new topic everywhere", DEADLINE, |c| {
+            c.live().all(|n| n.partition_group(&partition).is_some_and(|g| g != group && n.groups().contains(&g)))
+        })
+        .await
+        .unwrap();
+    let new_group = cluster.node(1).unwrap().partition_group(&partition).unwrap();
+    let response = cluster.propose(&new_group, append(8, 0, "fresh"), DEADLINE).await.unwrap();
+    assert_eq!(
+        response,
+        Response::Partition(Ok(PartitionOutcome::Appended { base_offset: Offset(0), count: 1, duplicate: false }))
+    );
     cluster.shutdown().await;
 }
 

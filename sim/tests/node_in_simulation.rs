@@ -118,7 +118,13 @@ async fn scenario() -> u64 {
     trace.record(format!("{:?}", propose(&brokers, &GroupId::Metadata, Command::Metadata(create)).await));
 
     let partition = TopicPartition::new(TopicName::new("orders").unwrap(), PartitionIndex(0));
-    let group = GroupId::Partition(partition.clone());
+    let group = loop {
+        let known = brokers[1].node.lock().unwrap().as_ref().and_then(|n| n.partition_group(&partition));
+        if let Some(group) = known {
+            break group;
+        }
+        madsim::time::sleep(Duration::from_millis(50)).await;
+    };
     let append = |sequence: u64| {
         Command::Partition(PartitionCommand::Append {
             producer: Some(ProducerBatch { producer: ProducerId(1), sequence: Sequence(sequence) }),

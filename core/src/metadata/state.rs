@@ -32,6 +32,10 @@ pub struct RetentionPolicy {
 /// A topic and where its partitions live.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicInfo {
+    /// Unique among every topic ever created in the cluster, so a topic
+    /// deleted and created again under the same name is a new set of Raft
+    /// groups, never the old data.
+    pub id: u64,
     pub partitions: Vec<PartitionPlacement>,
     pub replication_factor: u32,
     pub retention: RetentionPolicy,
@@ -46,6 +50,7 @@ pub struct MetadataState {
     topics: BTreeMap<TopicName, TopicInfo>,
     groups: BTreeMap<GroupName, GroupInfo>,
     next_producer_id: ProducerId,
+    next_topic_id: u64,
     applied_commands: u64,
     rejected_commands: u64,
 }
@@ -60,6 +65,7 @@ impl MetadataState {
             topics: BTreeMap::new(),
             groups: BTreeMap::new(),
             next_producer_id: ProducerId(1),
+            next_topic_id: 1,
             applied_commands: 0,
             rejected_commands: 0,
         }
@@ -196,7 +202,14 @@ impl MetadataState {
         }
         let brokers: BTreeSet<BrokerId> = self.brokers.keys().copied().collect();
         let placements = place_partitions(&brokers, &self.placement_load(), partitions, replication_factor)?;
-        let info = TopicInfo { partitions: placements.clone(), replication_factor, retention, created_at: at };
+        let info = TopicInfo {
+            id: self.next_topic_id,
+            partitions: placements.clone(),
+            replication_factor,
+            retention,
+            created_at: at,
+        };
+        self.next_topic_id += 1;
         self.topics.insert(topic.clone(), info);
         self.rebalance_groups_subscribed_to(&topic);
         Ok(MetadataOutcome::TopicCreated { topic, placements })
@@ -373,6 +386,9 @@ impl MetadataState {
         ensure(self.topics.len() as u64 <= u64::from(self.limits.topics_max), || "more topics than topics_max".into())?;
         ensure(self.groups.len() as u64 <= u64::from(self.limits.groups_max), || "more groups than groups_max".into())?;
         ensure(self.next_producer_id.0 >= 1, || "producer id 0 is reserved".into())?;
+        let ids: BTreeSet<u64> = self.topics.values().map(|t| t.id).collect();
+        ensure(ids.len() == self.topics.len(), || "two topics share an id".into())?;
+        ensure(ids.iter().all(|id| *id >= 1 && *id < self.next_topic_id), || "a topic id was not allocated".into())?;
         for (name, topic) in &self.topics {
             let count = topic.partitions.len() as u64;
             ensure(count >= 1 && count <= u64::from(self.limits.partitions_per_topic_max), || {

@@ -35,7 +35,10 @@ impl KeelService {
         partition: &TopicPartition,
         command: PartitionCommand,
     ) -> Result<PartitionOutcome, Status> {
-        let group = GroupId::Partition(partition.clone());
+        let group = self
+            .node
+            .partition_group(partition)
+            .ok_or_else(|| Status::not_found(format!("partition {partition} does not exist")))?;
         if self.node.raft(&group).is_none() {
             return Err(self.hosted_elsewhere(partition));
         }
@@ -88,7 +91,7 @@ impl KeelService {
                 let state = self.node.partition(&tp);
                 let leader = self
                     .node
-                    .raft(&GroupId::Partition(tp))
+                    .raft(&GroupId::Partition(tp, info.id))
                     .and_then(|r| r.metrics().borrow().current_leader)
                     .unwrap_or(0);
                 pb::PartitionDescription {

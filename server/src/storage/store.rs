@@ -243,6 +243,28 @@ impl NodeStore {
         }
     }
 
+    /// Delete every row of a group: its log, vote and Raft bookkeeping, its
+    /// state machine, records and snapshots. For a group whose topic was
+    /// deleted, after its Raft has stopped.
+    pub async fn remove_group(&self, group: &str) -> Result<(), StoreError> {
+        let group = group.to_string();
+        self.write(false, move |txn| {
+            let key = group.as_str();
+            txn.open_table(LOG)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
+            txn.open_table(RECORDS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
+            for name in ["vote", "purged", "committed"] {
+                txn.open_table(RAFT_META)?.remove((key, name))?;
+            }
+            txn.open_table(STATE)?.remove(key)?;
+            txn.open_table(SNAPSHOTS)?.remove(key)?;
+            // Snapshot chunks live under "<group>/..." ('0' follows '/').
+            let (first, past) = (format!("{key}/"), format!("{key}0"));
+            txn.open_table(SNAPSHOT_CHUNKS)?.retain_in((first.as_str(), 0)..(past.as_str(), 0), |_, _| false)?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Make every earlier write durable (one fsync).
     pub async fn flush(&self) -> Result<(), StoreError> {
         self.write(true, |_| Ok(())).await
