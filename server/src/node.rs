@@ -261,6 +261,22 @@ impl Node {
         }
     }
 
+    /// Why this node can no longer work, if it cannot: a storage error, or
+    /// a Raft group stopped by a fatal error. Fatal is fatal: the process
+    /// should exit and be restarted from disk.
+    pub fn fatal_error(&self) -> Option<String> {
+        if self.inner.store.is_poisoned() {
+            return Some("a storage error stopped the store".to_string());
+        }
+        let groups: Vec<(GroupId, Raft)> =
+            self.inner.groups.lock().expect("groups").iter().map(|(g, h)| (g.clone(), h.raft.clone())).collect();
+        groups.into_iter().find_map(|(group, raft)| {
+            let metrics = raft.metrics();
+            let state = metrics.borrow();
+            state.running_state.as_ref().err().map(|fatal| format!("Raft group {group} stopped: {fatal}"))
+        })
+    }
+
     /// The Raft group of a partition of a topic as it exists now.
     pub fn partition_group(&self, partition: &TopicPartition) -> Option<GroupId> {
         let metadata = self.metadata();

@@ -223,7 +223,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         wait_until_registered(&node).await?;
     }
     println!("keel broker {id} listening on {listen} (data in {})", data_dir.display());
-    shutdown_signal().await;
+    let signal = shutdown_signal();
+    tokio::pin!(signal);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut signal => break,
+            _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
+                if let Some(fatal) = node.fatal_error() {
+                    node.shutdown().await;
+                    bail!("broker {id} stopped: {fatal}; restart it to recover from its data directory");
+                }
+            }
+        }
+    }
     println!("keel broker {id} shutting down");
     node.shutdown().await;
     Ok(())

@@ -142,6 +142,11 @@ impl NodeStore {
         self.db.lock().expect("database").clone().ok_or(StoreError::Closed)
     }
 
+    /// Whether a storage error stopped this store (the node must restart).
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::SeqCst)
+    }
+
     /// Close the database: later operations fail with `Closed`. Returns a
     /// handle that is dead once the writer and every in-flight operation
     /// have let go of it (after which the files can be opened again).
