@@ -5,6 +5,8 @@
 //!   broker that must take it (following the `keel-leader` and
 //!   `keel-replicas` hints of a refusing broker), and retries with backoff
 //!   through elections.
+//! - [`Consumer`]: a consumer-group member (join, heartbeats, polls, acks,
+//!   rejoining on rebalances and fences).
 //! - [`Producer`]: the idempotent producer (G8): a producer id from the
 //!   cluster, one sequence per partition, and retries of a batch with the
 //!   same sequence, so a retried batch is appended once.
@@ -13,8 +15,10 @@
 //! simulation.
 
 mod client;
+mod consumer;
 mod producer;
 
-pub use client::{Client, ClientError, RetryPolicy};
+pub use client::{Client, ClientError, RetryPolicy, Route};
+pub use consumer::{Consumer, Delivery};
 pub use keel_proto::v1 as pb;
 pub use producer::{Producer, Sent};

@@ -12,9 +12,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use keel_core::coordinator::{GroupSessions, HeartbeatError, HeartbeatReply};
 use keel_core::metadata::{MetadataCommand, MetadataState};
 use keel_core::partition::PartitionState;
-use keel_core::{BrokerId, Limits, TopicPartition};
+use keel_core::{BrokerId, Generation, GroupName, Limits, MemberId, Offset, TopicPartition};
 use keel_proto::raft::raft_transport_server::RaftTransportServer;
 use keel_proto::v1::keel_server::KeelServer;
 use openraft::error::{ClientWriteError, RaftError};
@@ -102,6 +103,14 @@ pub enum ProposeError {
     Raft { group: GroupId, reason: String },
 }
 
+/// A group member's read position on one partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub generation: Generation,
+    pub member: MemberId,
+    pub next: Offset,
+}
+
 /// A partition group as the metadata places it.
 struct PlacedGroup {
     /// The broker that initialises the group: its first replica while the
@@ -124,6 +133,13 @@ struct NodeInner {
     peers: Peers,
     groups: Mutex<BTreeMap<GroupId, GroupHandle>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Member sessions, soft state, meaningful while this broker leads the
+    /// metadata group (the group coordinator).
+    sessions: Mutex<GroupSessions>,
+    was_metadata_leader: Mutex<bool>,
+    /// Where each group's claimed partitions are read next, on their leader
+    /// (soft state: a new leader starts from the committed position).
+    cursors: Mutex<BTreeMap<(GroupName, TopicPartition), Cursor>>,
     /// Tells the transport server to stop (one waiter: the server).
     stop_server: Arc<Notify>,
     server: Mutex<Option<JoinHandle<()>>>,
@@ -154,6 +170,9 @@ impl Node {
             peers: Peers::default(),
             groups: Mutex::new(BTreeMap::new()),
             tasks: Mutex::new(Vec::new()),
+            sessions: Mutex::new(GroupSessions::new()),
+            was_metadata_leader: Mutex::new(false),
+            cursors: Mutex::new(BTreeMap::new()),
             stop_server: Arc::new(Notify::new()),
             server: Mutex::new(None),
         });
@@ -259,6 +278,49 @@ impl Node {
                 unreachable!("the metadata group runs the metadata state machine")
             }
         }
+    }
+
+    /// Whether this broker leads the metadata group (is the coordinator).
+    pub async fn is_metadata_leader(&self) -> bool {
+        match self.raft(&GroupId::Metadata) {
+            Some(raft) => raft.current_leader().await == Some(self.id()),
+            None => false,
+        }
+    }
+
+    /// The metadata leader's id and address, if known.
+    pub async fn metadata_leader(&self) -> Option<(NodeId, String)> {
+        let leader = self.raft(&GroupId::Metadata)?.current_leader().await?;
+        let address = self.metadata().brokers().get(&BrokerId(leader)).map(|b| b.address.clone())?;
+        Some((leader, address))
+    }
+
+    /// A heartbeat, on the coordinator.
+    pub fn heartbeat(
+        &self,
+        group: &GroupName,
+        member: &MemberId,
+        generation: Generation,
+    ) -> Result<HeartbeatReply, HeartbeatError> {
+        let now = self.inner.clock.now();
+        let metadata = self.metadata();
+        self.inner.sessions.lock().expect("sessions").heartbeat(&metadata, group, member, generation, now)
+    }
+
+    /// Follow the metadata in the coordinator's sessions (after a join).
+    pub fn sync_sessions(&self) {
+        let now = self.inner.clock.now();
+        let metadata = self.metadata();
+        self.inner.sessions.lock().expect("sessions").sync(&metadata, now);
+    }
+
+    /// A group's cursor on a partition led here.
+    pub fn cursor(&self, group: &GroupName, partition: &TopicPartition) -> Option<Cursor> {
+        self.inner.cursors.lock().expect("cursors").get(&(group.clone(), partition.clone())).cloned()
+    }
+
+    pub fn set_cursor(&self, group: &GroupName, partition: &TopicPartition, cursor: Cursor) {
+        self.inner.cursors.lock().expect("cursors").insert((group.clone(), partition.clone()), cursor);
     }
 
     /// Why this node can no longer work, if it cannot: a storage error, or
@@ -413,8 +475,27 @@ impl Node {
 
     async fn leader_duties(&self) {
         let Some(metadata) = self.raft(&GroupId::Metadata) else { return };
-        if metadata.current_leader().await != Some(self.id()) {
+        let leading = metadata.current_leader().await == Some(self.id());
+        let was_leading = std::mem::replace(&mut *self.inner.was_metadata_leader.lock().expect("leader flag"), leading);
+        if !leading {
             return;
+        }
+        let now = self.inner.clock.now();
+        let expired = {
+            let state = self.metadata();
+            let mut sessions = self.inner.sessions.lock().expect("sessions");
+            if was_leading {
+                sessions.sync(&state, now);
+            } else {
+                // A new coordinator gives every member a fresh session.
+                sessions.grant_fresh_sessions(&state, now);
+            }
+            sessions.expired(now)
+        };
+        for command in expired {
+            if let Err(error) = self.propose(&GroupId::Metadata, Command::Metadata(command)).await {
+                tracing::debug!(%error, "could not expire members yet");
+            }
         }
         let registered = self.metadata().brokers().clone();
         for (id, address) in &self.inner.config.metadata_voters {

@@ -19,6 +19,11 @@ fn with_metadata(mut status: Status, key: &'static str, value: &str) -> Status {
     status
 }
 
+/// A refusal naming the leader to retry at.
+pub(super) fn with_leader(status: Status, leader: u64, address: &str) -> Status {
+    with_metadata(status, LEADER_METADATA, &format!("{leader}@{address}"))
+}
+
 pub(super) fn invalid_name(error: NameError) -> Status {
     Status::invalid_argument(error.to_string())
 }

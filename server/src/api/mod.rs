@@ -9,6 +9,7 @@
 //! in `keel-replicas` (`<id>@<host:port>,...`). The client library follows
 //! these hints. Reads of committed records are served by any replica.
 
+mod consumer;
 mod errors;
 mod service;
 

@@ -15,7 +15,7 @@ use crate::raft::types::{Command, Response as Applied};
 
 /// The public API of one broker.
 pub struct KeelService {
-    node: Node,
+    pub(super) node: Node,
 }
 
 impl KeelService {
@@ -23,14 +23,14 @@ impl KeelService {
         KeelService { node }
     }
 
-    async fn propose_metadata(&self, command: MetadataCommand) -> Result<MetadataOutcome, Status> {
+    pub(super) async fn propose_metadata(&self, command: MetadataCommand) -> Result<MetadataOutcome, Status> {
         match self.node.propose(&GroupId::Metadata, Command::Metadata(command)).await.map_err(not_leader)? {
             Applied::Metadata(result) => result.map_err(metadata_rejection),
             other => Err(Status::internal(format!("the metadata group answered {other:?}"))),
         }
     }
 
-    async fn propose_partition(
+    pub(super) async fn propose_partition(
         &self,
         partition: &TopicPartition,
         command: PartitionCommand,
@@ -48,7 +48,7 @@ impl KeelService {
         }
     }
 
-    fn hosted_elsewhere(&self, partition: &TopicPartition) -> Status {
+    pub(super) fn hosted_elsewhere(&self, partition: &TopicPartition) -> Status {
         let metadata = self.node.metadata();
         let replicas = metadata
             .topic(&partition.topic)
@@ -67,7 +67,12 @@ impl KeelService {
     }
 
     /// Validate a topic and partition against this broker's metadata.
-    fn partition(&self, metadata: &MetadataState, topic: &str, partition: u32) -> Result<TopicPartition, Status> {
+    pub(super) fn partition(
+        &self,
+        metadata: &MetadataState,
+        topic: &str,
+        partition: u32,
+    ) -> Result<TopicPartition, Status> {
         let name = TopicName::new(topic).map_err(invalid_name)?;
         let info = metadata
             .topic(&name)
@@ -116,7 +121,7 @@ fn to_record(record: pb::Record) -> Record {
     }
 }
 
-fn from_record(stored: StoredRecord) -> pb::StoredRecord {
+pub(super) fn from_record(stored: StoredRecord) -> pb::StoredRecord {
     let record = stored.record;
     pb::StoredRecord {
         offset: stored.offset.0,
@@ -258,5 +263,34 @@ impl Keel for KeelService {
         let metadata_leader =
             self.node.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader).unwrap_or(0);
         Ok(Response::new(pb::DescribeClusterResponse { brokers, metadata_leader }))
+    }
+
+    async fn join_group(
+        &self,
+        request: Request<pb::JoinGroupRequest>,
+    ) -> Result<Response<pb::JoinGroupResponse>, Status> {
+        self.join_group_request(request.into_inner()).await.map(Response::new)
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<pb::HeartbeatRequest>,
+    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        self.heartbeat_request(request.into_inner()).await.map(Response::new)
+    }
+
+    async fn leave_group(
+        &self,
+        request: Request<pb::LeaveGroupRequest>,
+    ) -> Result<Response<pb::LeaveGroupResponse>, Status> {
+        self.leave_group_request(request.into_inner()).await.map(Response::new)
+    }
+
+    async fn poll(&self, request: Request<pb::PollRequest>) -> Result<Response<pb::PollResponse>, Status> {
+        self.poll_request(request.into_inner()).await.map(Response::new)
+    }
+
+    async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
+        self.ack_request(request.into_inner()).await.map(Response::new)
     }
 }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use keel_client::{pb, Client, Producer, RetryPolicy};
+use keel_client::{pb, Client, Consumer, Producer, RetryPolicy};
 use keel_server::clock::Clock;
 use keel_server::node::{Node, NodeConfig};
 use keel_server::storage::NodeStore;
@@ -35,7 +35,10 @@ enum Command {
     Topic(TopicCommand),
     /// Produce stdin, one record a line, to a topic.
     Produce(ProduceArgs),
-    /// Print committed records of one partition.
+    /// Consume as a member of a consumer group: print records as they
+    /// arrive and acknowledge them.
+    Consume(ConsumeArgs),
+    /// Print committed records of one partition (no group, no commit).
     Read(ReadArgs),
     /// Show the brokers and the metadata leader.
     #[command(subcommand)]
@@ -115,6 +118,28 @@ struct ProduceArgs {
 }
 
 #[derive(Args)]
+struct ConsumeArgs {
+    /// Topics to subscribe to.
+    #[arg(required = true)]
+    topics: Vec<String>,
+    #[arg(long)]
+    group: String,
+    /// This member's id (default: keel-cli-<process id>).
+    #[arg(long)]
+    member: Option<String>,
+    #[arg(long, default_value_t = 10_000)]
+    session_timeout_ms: u64,
+    /// Stop after this many records.
+    #[arg(long)]
+    max_records: Option<u64>,
+    /// Stop after this long without a record.
+    #[arg(long)]
+    idle_timeout_ms: Option<u64>,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+#[derive(Args)]
 struct ReadArgs {
     topic: String,
     #[arg(long, default_value_t = 0)]
@@ -159,6 +184,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Topic(command) => topic(command).await,
         Command::Produce(args) => produce(args).await,
         Command::Read(args) => read(args).await,
+        Command::Consume(args) => consume(args).await,
         Command::Cluster(ClusterCommand::Status { connection }) => {
             let cluster = client(&connection)?.describe_cluster().await?;
             if connection.json {
@@ -344,6 +370,48 @@ async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     if !args.connection.json {
         eprintln!("produced {count} records to {}", args.topic);
     }
+    Ok(())
+}
+
+async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
+    let member = args.member.clone().unwrap_or_else(|| format!("keel-cli-{}", std::process::id()));
+    let mut consumer =
+        Consumer::join(client(&args.connection)?, &args.group, &member, args.topics.clone(), args.session_timeout_ms)
+            .await?;
+    let mut printed = 0u64;
+    let mut idle_since = tokio::time::Instant::now();
+    loop {
+        if args.max_records.is_some_and(|max| printed >= max) {
+            break;
+        }
+        if args.idle_timeout_ms.is_some_and(|idle| idle_since.elapsed() >= std::time::Duration::from_millis(idle)) {
+            break;
+        }
+        let want = args.max_records.map_or(500, |max| (max - printed).min(500)) as u32;
+        let deliveries = consumer.poll(want, std::time::Duration::from_millis(500)).await?;
+        if deliveries.is_empty() {
+            continue;
+        }
+        idle_since = tokio::time::Instant::now();
+        for delivery in &deliveries {
+            let record = delivery.record.record.clone().unwrap_or_default();
+            let value = String::from_utf8_lossy(&record.value);
+            if args.connection.json {
+                let key = record.key.as_ref().map(|k| String::from_utf8_lossy(k).to_string());
+                println!(
+                    "{}",
+                    serde_json::json!({"topic": delivery.topic, "partition": delivery.partition, "offset": delivery.record.offset, "key": key, "value": value})
+                );
+            } else {
+                println!("{}/{}\t{}\t{value}", delivery.topic, delivery.partition, delivery.record.offset);
+            }
+            printed += 1;
+        }
+        // One poll reads one partition: acknowledge its last record.
+        let last = deliveries.last().expect("not empty");
+        consumer.ack(&last.topic, last.partition, last.record.offset).await?;
+    }
+    consumer.leave().await?;
     Ok(())
 }
 

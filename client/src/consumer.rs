@@ -1,0 +1,194 @@
+//! A consumer-group member: join, heartbeat, poll the assigned partitions,
+//! ack, rejoin on a rebalance or when fenced, leave.
+
+use std::time::Duration;
+
+use keel_proto::v1 as pb;
+use tonic::Code;
+
+use crate::client::{Client, ClientError, Route};
+
+/// One record as a member receives it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delivery {
+    pub topic: String,
+    pub partition: u32,
+    pub record: pb::StoredRecord,
+}
+
+/// A member of a consumer group. Not shared: one task drives it.
+pub struct Consumer {
+    client: Client,
+    group: String,
+    member: String,
+    topics: Vec<String>,
+    session_timeout_ms: u64,
+    generation: u64,
+    partitions: Vec<pb::TopicPartition>,
+    /// Round-robin over the assignment.
+    next_partition: usize,
+    last_heartbeat: tokio::time::Instant,
+}
+
+impl Consumer {
+    /// Join `group` as `member`, subscribed to `topics`.
+    pub async fn join(
+        client: Client,
+        group: &str,
+        member: &str,
+        topics: Vec<String>,
+        session_timeout_ms: u64,
+    ) -> Result<Consumer, ClientError> {
+        let mut consumer = Consumer {
+            client,
+            group: group.to_string(),
+            member: member.to_string(),
+            topics,
+            session_timeout_ms,
+            generation: 0,
+            partitions: Vec::new(),
+            next_partition: 0,
+            last_heartbeat: tokio::time::Instant::now(),
+        };
+        consumer.rejoin().await?;
+        Ok(consumer)
+    }
+
+    /// The generation this member is in.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The partitions assigned to this member.
+    pub fn assignment(&self) -> &[pb::TopicPartition] {
+        &self.partitions
+    }
+
+    /// Join again: fetch the current generation and assignment.
+    pub async fn rejoin(&mut self) -> Result<(), ClientError> {
+        let request = pb::JoinGroupRequest {
+            group: self.group.clone(),
+            member: self.member.clone(),
+            topics: self.topics.clone(),
+            session_timeout_ms: self.session_timeout_ms,
+        };
+        let joined = self
+            .client
+            .call(Route::Metadata, |mut c| {
+                let r = request.clone();
+                async move { c.join_group(r).await }
+            })
+            .await?;
+        self.generation = joined.generation;
+        self.partitions = joined.partitions;
+        self.last_heartbeat = tokio::time::Instant::now();
+        Ok(())
+    }
+
+    /// Heartbeat if a third of the session has passed; rejoin if the group
+    /// moved on or forgot this member.
+    async fn heartbeat_if_due(&mut self) -> Result<(), ClientError> {
+        if self.last_heartbeat.elapsed() < Duration::from_millis(self.session_timeout_ms / 3) {
+            return Ok(());
+        }
+        let request = pb::HeartbeatRequest {
+            group: self.group.clone(),
+            member: self.member.clone(),
+            generation: self.generation,
+        };
+        match self
+            .client
+            .call(Route::Metadata, |mut c| {
+                let r = request.clone();
+                async move { c.heartbeat(r).await }
+            })
+            .await
+        {
+            Ok(reply) if !reply.rebalance => {
+                self.last_heartbeat = tokio::time::Instant::now();
+                Ok(())
+            }
+            Ok(_) => self.rejoin().await,
+            Err(ClientError::Refused(status)) if status.code() == Code::NotFound => self.rejoin().await,
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Poll the next assigned partition (round-robin), waiting up to
+    /// `max_wait` for records. Rejoins on a rebalance or a fence.
+    pub async fn poll(&mut self, max_records: u32, max_wait: Duration) -> Result<Vec<Delivery>, ClientError> {
+        self.heartbeat_if_due().await?;
+        if self.partitions.is_empty() {
+            tokio::time::sleep(max_wait).await;
+            return Ok(Vec::new());
+        }
+        let slot = self.next_partition % self.partitions.len();
+        self.next_partition = self.next_partition.wrapping_add(1);
+        let assigned = self.partitions[slot].clone();
+        // Spread the wait over the assignment so no partition starves.
+        let wait = max_wait / self.partitions.len() as u32;
+        let request = pb::PollRequest {
+            group: self.group.clone(),
+            member: self.member.clone(),
+            generation: self.generation,
+            topic: assigned.topic.clone(),
+            partition: assigned.partition,
+            max_records,
+            max_bytes: 0,
+            max_wait_ms: wait.as_millis() as u64,
+        };
+        let route = Route::Partition(assigned.topic.clone(), assigned.partition);
+        match self
+            .client
+            .call(route, |mut c| {
+                let r = request.clone();
+                async move { c.poll(r).await }
+            })
+            .await
+        {
+            Ok(response) => Ok(response
+                .records
+                .into_iter()
+                .map(|record| Delivery { topic: assigned.topic.clone(), partition: assigned.partition, record })
+                .collect()),
+            Err(ClientError::Refused(status)) if status.code() == Code::Aborted => {
+                self.rejoin().await?;
+                Ok(Vec::new())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Commit everything up to and including `offset` on a partition.
+    pub async fn ack(&mut self, topic: &str, partition: u32, offset: u64) -> Result<u64, ClientError> {
+        let request = pb::AckRequest {
+            group: self.group.clone(),
+            member: self.member.clone(),
+            generation: self.generation,
+            topic: topic.to_string(),
+            partition,
+            offset,
+        };
+        let route = Route::Partition(topic.to_string(), partition);
+        let acked = self
+            .client
+            .call(route, |mut c| {
+                let r = request.clone();
+                async move { c.ack(r).await }
+            })
+            .await?;
+        Ok(acked.position)
+    }
+
+    /// Leave the group: its partitions are handed on at once.
+    pub async fn leave(self) -> Result<(), ClientError> {
+        let request = pb::LeaveGroupRequest { group: self.group.clone(), member: self.member.clone() };
+        self.client
+            .call(Route::Metadata, |mut c| {
+                let r = request.clone();
+                async move { c.leave_group(r).await }
+            })
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,186 @@
+//! The consumer-group half of the API: join, heartbeat, leave (on the
+//! coordinator, the metadata leader), poll and ack (on the partition's
+//! leader).
+//!
+//! The first poll of a generation claims the partition in its Raft group
+//! (the G5 fence); every later poll and ack is checked against the claim
+//! this leader has applied, so a member of an older generation is told it
+//! was fenced (`ABORTED`) as soon as a newer one has claimed.
+
+use std::time::Duration;
+
+use keel_core::coordinator::{HeartbeatError, HeartbeatReply};
+use keel_core::metadata::{MetadataCommand, MetadataOutcome};
+use keel_core::partition::{PartitionCommand, PartitionOutcome};
+use keel_core::{Generation, GroupName, MemberId, Offset, TopicPartition};
+use keel_proto::v1 as pb;
+use tonic::Status;
+
+use super::errors::{invalid_name, with_leader};
+use super::service::{from_record, KeelService};
+use crate::node::Cursor;
+
+/// Longest a poll waits for records.
+const POLL_WAIT_MS_MAX: u64 = 30_000;
+/// How often a waiting poll looks again.
+const POLL_RECHECK: Duration = Duration::from_millis(10);
+
+impl KeelService {
+    /// Refuse unless this broker coordinates groups (leads the metadata).
+    async fn ensure_coordinator(&self) -> Result<(), Status> {
+        if self.node.is_metadata_leader().await {
+            return Ok(());
+        }
+        let leader = self.node.metadata_leader().await;
+        let message = format!("broker {} is not the group coordinator (the metadata leader)", self.node.id());
+        Err(match leader {
+            Some((id, address)) => with_leader(Status::failed_precondition(message), id, &address),
+            None => Status::unavailable(format!("{message}; no leader is known yet, retry shortly")),
+        })
+    }
+
+    pub(super) async fn join_group_request(
+        &self,
+        request: pb::JoinGroupRequest,
+    ) -> Result<pb::JoinGroupResponse, Status> {
+        GroupName::new(request.group.as_str()).map_err(invalid_name)?;
+        MemberId::new(request.member.as_str()).map_err(invalid_name)?;
+        self.ensure_coordinator().await?;
+        let command = MetadataCommand::JoinGroup {
+            group: request.group,
+            member: request.member,
+            topics: request.topics,
+            session_timeout_ms: request.session_timeout_ms,
+            assignor: Default::default(),
+        };
+        match self.propose_metadata(command).await? {
+            MetadataOutcome::Joined { generation, partitions, .. } => {
+                self.node.sync_sessions();
+                let partitions = partitions
+                    .into_iter()
+                    .map(|p| pb::TopicPartition { topic: p.topic.to_string(), partition: p.partition.0 })
+                    .collect();
+                Ok(pb::JoinGroupResponse { generation: generation.0, partitions })
+            }
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    pub(super) async fn heartbeat_request(
+        &self,
+        request: pb::HeartbeatRequest,
+    ) -> Result<pb::HeartbeatResponse, Status> {
+        let group = GroupName::new(request.group).map_err(invalid_name)?;
+        let member = MemberId::new(request.member).map_err(invalid_name)?;
+        self.ensure_coordinator().await?;
+        match self.node.heartbeat(&group, &member, Generation(request.generation)) {
+            Ok(HeartbeatReply::Current { generation }) => {
+                Ok(pb::HeartbeatResponse { generation: generation.0, rebalance: false })
+            }
+            Ok(HeartbeatReply::RebalanceRequired { generation }) => {
+                Ok(pb::HeartbeatResponse { generation: generation.0, rebalance: true })
+            }
+            Err(error @ (HeartbeatError::UnknownGroup { .. } | HeartbeatError::UnknownMember { .. })) => {
+                Err(Status::not_found(error.to_string()))
+            }
+        }
+    }
+
+    pub(super) async fn leave_group_request(
+        &self,
+        request: pb::LeaveGroupRequest,
+    ) -> Result<pb::LeaveGroupResponse, Status> {
+        self.ensure_coordinator().await?;
+        self.propose_metadata(MetadataCommand::LeaveGroup { group: request.group, member: request.member }).await?;
+        self.node.sync_sessions();
+        Ok(pb::LeaveGroupResponse {})
+    }
+
+    /// Fenced unless this leader's applied claim is the member's own.
+    fn check_claim(
+        &self,
+        group: &GroupName,
+        member: &MemberId,
+        generation: Generation,
+        partition: &TopicPartition,
+    ) -> Result<(), Status> {
+        let Some(state) = self.node.partition(partition) else { return Err(self.hosted_elsewhere(partition)) };
+        match state.groups().get(group).and_then(|g| g.claim.as_ref()) {
+            Some(claim) if claim.generation == generation && claim.member == *member => Ok(()),
+            Some(claim) => Err(Status::aborted(format!(
+                "group {group} generation {generation} is fenced on {partition}: generation {} member {} holds it; rejoin the group",
+                claim.generation, claim.member
+            ))),
+            None => Err(Status::aborted(format!("group {group} has no claim on {partition}; poll again"))),
+        }
+    }
+
+    pub(super) async fn poll_request(&self, request: pb::PollRequest) -> Result<pb::PollResponse, Status> {
+        let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
+        let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
+        let partition = self.partition(&self.node.metadata(), &request.topic, request.partition)?;
+        let generation = Generation(request.generation);
+        let claimed =
+            self.node.cursor(&group, &partition).is_some_and(|c| c.generation == generation && c.member == member);
+        if !claimed {
+            // The first poll of a generation claims the partition (G5).
+            let command =
+                PartitionCommand::Claim { group: request.group.clone(), member: request.member.clone(), generation };
+            match self.propose_partition(&partition, command).await? {
+                PartitionOutcome::Claimed { position, .. } => self.node.set_cursor(
+                    &group,
+                    &partition,
+                    Cursor { generation, member: member.clone(), next: position },
+                ),
+                other => return Err(Status::internal(format!("unexpected outcome {other:?}"))),
+            }
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(request.max_wait_ms.min(POLL_WAIT_MS_MAX));
+        let max_bytes = if request.max_bytes == 0 { u64::MAX } else { request.max_bytes };
+        loop {
+            self.check_claim(&group, &member, generation, &partition)?;
+            let cursor =
+                self.node.cursor(&group, &partition).ok_or_else(|| Status::aborted("the claim moved; poll again"))?;
+            let read = self
+                .node
+                .read_partition(&partition, |state, log| {
+                    let from = cursor.next.max(state.log_start()).min(state.high_watermark());
+                    (
+                        state.read(log, from, request.max_records, max_bytes).map_err(|e| e.to_string()),
+                        state.high_watermark(),
+                    )
+                })
+                .ok_or_else(|| self.hosted_elsewhere(&partition))?;
+            let (records, high_watermark) = match read {
+                (Ok(records), high_watermark) => (records, high_watermark),
+                (Err(message), _) => return Err(Status::out_of_range(message)),
+            };
+            if !records.is_empty() || tokio::time::Instant::now() >= deadline {
+                if let Some(last) = records.last() {
+                    self.node.set_cursor(&group, &partition, Cursor { next: Offset(last.offset.0 + 1), ..cursor });
+                }
+                return Ok(pb::PollResponse {
+                    records: records.into_iter().map(from_record).collect(),
+                    high_watermark: high_watermark.0,
+                });
+            }
+            tokio::time::sleep(POLL_RECHECK).await;
+        }
+    }
+
+    pub(super) async fn ack_request(&self, request: pb::AckRequest) -> Result<pb::AckResponse, Status> {
+        GroupName::new(request.group.as_str()).map_err(invalid_name)?;
+        MemberId::new(request.member.as_str()).map_err(invalid_name)?;
+        let partition = self.partition(&self.node.metadata(), &request.topic, request.partition)?;
+        let command = PartitionCommand::Commit {
+            group: request.group,
+            member: request.member,
+            generation: Generation(request.generation),
+            offset: Offset(request.offset),
+        };
+        match self.propose_partition(&partition, command).await? {
+            PartitionOutcome::Committed { position } => Ok(pb::AckResponse { position: position.0 }),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+}
