@@ -32,6 +32,13 @@ fn quick_start_through_the_cli() {
     assert_eq!(user_1, ["first", "second"]);
     assert_eq!(values.len(), 3);
 
+    // A consumer group reads every record once; its commits hold across
+    // runs, so a second run of the same group finds nothing new.
+    let consumed = cli_ok(&address, &["consume", "orders", "--group", "readers", "--max-records", "3", "--json"], "");
+    assert_eq!(consumed.lines().count(), 3, "{consumed}");
+    let again = cli_ok(&address, &["consume", "orders", "--group", "readers", "--idle-timeout-ms", "1000"], "");
+    assert_eq!(again, "", "committed records were delivered again");
+
     let status = cli_ok(&address, &["cluster", "status"], "");
     assert!(status.contains("metadata leader"), "{status}");
 
