@@ -269,6 +269,43 @@ impl Client {
         Ok(response.producer_id)
     }
 
+    pub async fn describe_group(&self, group: &str) -> Result<pb::DescribeGroupResponse, ClientError> {
+        let request = pb::DescribeGroupRequest { group: group.to_string() };
+        self.call(Route::Any, |mut c| {
+            let r = request.clone();
+            async move { c.describe_group(r).await }
+        })
+        .await
+    }
+
+    /// A group's position on one partition (from one of its replicas).
+    pub async fn group_position(
+        &self,
+        group: &str,
+        topic: &str,
+        partition: u32,
+    ) -> Result<pb::GroupPositionResponse, ClientError> {
+        let request = pb::GroupPositionRequest { group: group.to_string(), topic: topic.to_string(), partition };
+        self.call(Route::Partition(topic.to_string(), partition), |mut c| {
+            let r = request.clone();
+            async move { c.group_position(r).await }
+        })
+        .await
+    }
+
+    /// Reset a group's position on one partition (the group must have no
+    /// members).
+    pub async fn reset_group_position(&self, request: pb::ResetGroupPositionRequest) -> Result<u64, ClientError> {
+        let route = Route::Partition(request.topic.clone(), request.partition);
+        let reset = self
+            .call(route, |mut c| {
+                let r = request.clone();
+                async move { c.reset_group_position(r).await }
+            })
+            .await?;
+        Ok(reset.position)
+    }
+
     /// Append a batch to one partition (its leader takes it).
     pub async fn produce(&self, request: pb::ProduceRequest) -> Result<pb::ProduceResponse, ClientError> {
         let route = Route::Partition(request.topic.clone(), request.partition);

@@ -11,6 +11,7 @@
 
 mod consumer;
 mod errors;
+mod groups;
 mod service;
 
 pub use errors::{LEADER_METADATA, REPLICAS_METADATA};

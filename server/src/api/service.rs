@@ -293,4 +293,25 @@ impl Keel for KeelService {
     async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
         self.ack_request(request.into_inner()).await.map(Response::new)
     }
+
+    async fn describe_group(
+        &self,
+        request: Request<pb::DescribeGroupRequest>,
+    ) -> Result<Response<pb::DescribeGroupResponse>, Status> {
+        self.describe_group_request(request.into_inner()).map(Response::new)
+    }
+
+    async fn group_position(
+        &self,
+        request: Request<pb::GroupPositionRequest>,
+    ) -> Result<Response<pb::GroupPositionResponse>, Status> {
+        self.group_position_request(request.into_inner()).map(Response::new)
+    }
+
+    async fn reset_group_position(
+        &self,
+        request: Request<pb::ResetGroupPositionRequest>,
+    ) -> Result<Response<pb::ResetGroupPositionResponse>, Status> {
+        self.reset_group_position_request(request.into_inner()).await.map(Response::new)
+    }
 }

@@ -40,6 +40,9 @@ enum Command {
     Consume(ConsumeArgs),
     /// Print committed records of one partition (no group, no commit).
     Read(ReadArgs),
+    /// Describe a consumer group or reset its positions.
+    #[command(subcommand)]
+    Group(GroupCommand),
     /// Show the brokers and the metadata leader.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -153,6 +156,27 @@ struct ReadArgs {
 }
 
 #[derive(Subcommand)]
+enum GroupCommand {
+    /// Members, assignment, committed position and lag per partition.
+    Describe {
+        name: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Set the group's position on every partition of a topic (the group
+    /// must have no members): earliest, latest, or an offset.
+    Reset {
+        name: String,
+        #[arg(long)]
+        topic: String,
+        #[arg(long, default_value = "earliest")]
+        to: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+}
+
+#[derive(Subcommand)]
 enum ClusterCommand {
     Status {
         #[command(flatten)]
@@ -185,6 +209,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Produce(args) => produce(args).await,
         Command::Read(args) => read(args).await,
         Command::Consume(args) => consume(args).await,
+        Command::Group(command) => group(command).await,
         Command::Cluster(ClusterCommand::Status { connection }) => {
             let cluster = client(&connection)?.describe_cluster().await?;
             if connection.json {
@@ -412,6 +437,74 @@ async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
         consumer.ack(&last.topic, last.partition, last.record.offset).await?;
     }
     consumer.leave().await?;
+    Ok(())
+}
+
+async fn group(command: GroupCommand) -> anyhow::Result<()> {
+    match command {
+        GroupCommand::Describe { name, connection } => {
+            let client = client(&connection)?;
+            let described = client.describe_group(&name).await?;
+            let mut rows = Vec::new();
+            for member in &described.members {
+                for assigned in &member.partitions {
+                    let position = client.group_position(&name, &assigned.topic, assigned.partition).await?;
+                    rows.push((assigned.clone(), member.member.clone(), position));
+                }
+            }
+            if connection.json {
+                let partitions: Vec<_> = rows
+                    .iter()
+                    .map(|(p, member, pos)| serde_json::json!({"topic": p.topic, "partition": p.partition, "member": member, "position": pos.position, "high_watermark": pos.high_watermark, "lag": pos.high_watermark.saturating_sub(pos.position)}))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({"group": described.group, "generation": described.generation, "partitions": partitions})
+                );
+            } else {
+                println!(
+                    "group {} generation {} members {}",
+                    described.group,
+                    described.generation,
+                    described.members.len()
+                );
+                println!(
+                    "{:<24} {:>9} {:<24} {:>10} {:>14} {:>8}",
+                    "TOPIC", "PARTITION", "MEMBER", "POSITION", "HIGH WATERMARK", "LAG"
+                );
+                for (p, member, pos) in rows {
+                    let lag = pos.high_watermark.saturating_sub(pos.position);
+                    println!(
+                        "{:<24} {:>9} {:<24} {:>10} {:>14} {:>8}",
+                        p.topic, p.partition, member, pos.position, pos.high_watermark, lag
+                    );
+                }
+            }
+        }
+        GroupCommand::Reset { name, topic, to, connection } => {
+            let client = client(&connection)?;
+            let target = match to.as_str() {
+                "earliest" => pb::reset_group_position_request::To::Earliest(true),
+                "latest" => pb::reset_group_position_request::To::Latest(true),
+                offset => pb::reset_group_position_request::To::Offset(
+                    offset.parse().with_context(|| format!("--to {offset:?}: use earliest, latest or an offset"))?,
+                ),
+            };
+            let partitions = client.describe_topic(&topic).await?.partitions.len() as u32;
+            for partition in 0..partitions {
+                let request = pb::ResetGroupPositionRequest {
+                    group: name.clone(),
+                    topic: topic.clone(),
+                    partition,
+                    to: Some(target),
+                };
+                let position = client.reset_group_position(request).await?;
+                if !connection.json {
+                    println!("{topic}/{partition}: position {position}");
+                }
+            }
+        }
+    }
     Ok(())
 }
 

@@ -1,0 +1,79 @@
+//! Group administration: describe a group, read a group's position on a
+//! partition, reset it while the group has no members.
+
+use keel_core::partition::{PartitionCommand, PartitionOutcome};
+use keel_core::{GroupName, Offset};
+use keel_proto::v1 as pb;
+use tonic::Status;
+
+use super::errors::invalid_name;
+use super::service::KeelService;
+
+impl KeelService {
+    pub(super) fn describe_group_request(
+        &self,
+        request: pb::DescribeGroupRequest,
+    ) -> Result<pb::DescribeGroupResponse, Status> {
+        let group = GroupName::new(request.group).map_err(invalid_name)?;
+        let metadata = self.node.metadata();
+        let info = metadata.group(&group).ok_or_else(|| Status::not_found(format!("group {group} does not exist")))?;
+        let members = info
+            .members
+            .iter()
+            .map(|(member, m)| pb::GroupMember {
+                member: member.to_string(),
+                topics: m.topics.iter().map(ToString::to_string).collect(),
+                partitions: info
+                    .partitions_of(member)
+                    .into_iter()
+                    .map(|p| pb::TopicPartition { topic: p.topic.to_string(), partition: p.partition.0 })
+                    .collect(),
+            })
+            .collect();
+        Ok(pb::DescribeGroupResponse { group: group.to_string(), generation: info.generation.0, members })
+    }
+
+    pub(super) fn group_position_request(
+        &self,
+        request: pb::GroupPositionRequest,
+    ) -> Result<pb::GroupPositionResponse, Status> {
+        let group = GroupName::new(request.group).map_err(invalid_name)?;
+        let partition = self.partition(&self.node.metadata(), &request.topic, request.partition)?;
+        let state = self.node.partition(&partition).ok_or_else(|| self.hosted_elsewhere(&partition))?;
+        let committed = state.groups().get(&group).and_then(|g| g.position).is_some();
+        Ok(pb::GroupPositionResponse {
+            position: state.group_position(&group).0,
+            committed,
+            log_start: state.log_start().0,
+            high_watermark: state.high_watermark().0,
+        })
+    }
+
+    pub(super) async fn reset_group_position_request(
+        &self,
+        request: pb::ResetGroupPositionRequest,
+    ) -> Result<pb::ResetGroupPositionResponse, Status> {
+        let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
+        let metadata = self.node.metadata();
+        let partition = self.partition(&metadata, &request.topic, request.partition)?;
+        if metadata.group(&group).is_some_and(|g| !g.members.is_empty()) {
+            return Err(Status::failed_precondition(format!(
+                "group {group} has members: stop them (or wait for their sessions to expire) before resetting"
+            )));
+        }
+        let state = self.node.partition(&partition).ok_or_else(|| self.hosted_elsewhere(&partition))?;
+        let position = match request.to {
+            Some(pb::reset_group_position_request::To::Earliest(_)) => state.log_start(),
+            Some(pb::reset_group_position_request::To::Latest(_)) => state.high_watermark(),
+            Some(pb::reset_group_position_request::To::Offset(offset)) => Offset(offset),
+            None => return Err(Status::invalid_argument("say where to reset to: earliest, latest or an offset")),
+        };
+        match self
+            .propose_partition(&partition, PartitionCommand::ResetPosition { group: request.group, position })
+            .await?
+        {
+            PartitionOutcome::PositionReset { position } => Ok(pb::ResetGroupPositionResponse { position: position.0 }),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+}
