@@ -64,22 +64,29 @@ impl Producer {
         Ok(count)
     }
 
-    /// Send `records` to `topic`: to the key's partition if `key` is given
-    /// (FNV-1a 64 of the key modulo the partition count), else spread
+    /// The partition for a record: the key's partition if `key` is given
+    /// (FNV-1a 64 of the key modulo the partition count), else the next one
     /// round-robin.
-    pub async fn send(
-        &mut self,
-        topic: &str,
-        key: Option<&[u8]>,
-        records: Vec<pb::Record>,
-    ) -> Result<Sent, ClientError> {
+    pub async fn partition_for(&mut self, topic: &str, key: Option<&[u8]>) -> Result<u32, ClientError> {
         let count = self.partition_count(topic).await?;
         let partition = match key {
             Some(key) => partition_for_key(key, count),
             None => self.spreader.next_partition(count),
         }
         .map_err(|e| ClientError::Refused(tonic::Status::invalid_argument(e.to_string())))?;
-        self.send_to(topic, partition.0, records).await
+        Ok(partition.0)
+    }
+
+    /// Send `records` to `topic`, to the partition [`Self::partition_for`]
+    /// picks for `key`.
+    pub async fn send(
+        &mut self,
+        topic: &str,
+        key: Option<&[u8]>,
+        records: Vec<pb::Record>,
+    ) -> Result<Sent, ClientError> {
+        let partition = self.partition_for(topic, key).await?;
+        self.send_to(topic, partition, records).await
     }
 
     /// Send `records` to one partition.

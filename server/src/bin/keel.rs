@@ -374,22 +374,46 @@ async fn topic(command: TopicCommand) -> anyhow::Result<()> {
 async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     let client = client(&args.connection)?;
     let mut producer = Producer::new(client, u64::from(std::process::id())).await?;
-    let stdin = std::io::stdin();
+    // Lines arrive from a reader thread; whatever is already waiting goes
+    // out together, one batch per partition (one line at a time when typed).
+    let (lines, mut incoming) = tokio::sync::mpsc::channel::<std::io::Result<String>>(PRODUCE_BATCH_RECORDS_MAX);
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lock().lines() {
+            if lines.blocking_send(line).is_err() {
+                return;
+            }
+        }
+    });
     let mut count = 0u64;
-    for line in stdin.lock().lines() {
-        let line = line.context("reading stdin")?;
-        let (key, value) = match &args.key_separator {
-            Some(separator) => match line.split_once(separator.as_str()) {
+    while let Some(first) = incoming.recv().await {
+        let mut batch = vec![first.context("reading stdin")?];
+        while batch.len() < PRODUCE_BATCH_RECORDS_MAX {
+            match incoming.try_recv() {
+                Ok(line) => batch.push(line.context("reading stdin")?),
+                Err(_) => break,
+            }
+        }
+        let mut by_partition: BTreeMap<u32, Vec<pb::Record>> = BTreeMap::new();
+        for line in batch {
+            let (key, value) = match args.key_separator.as_deref().and_then(|separator| line.split_once(separator)) {
                 Some((key, value)) => (Some(key.as_bytes().to_vec()), value.to_string()),
-                None => (None, line.clone()),
-            },
-            None => (None, line.clone()),
-        };
-        let record = pb::Record { key: key.clone(), value: value.into_bytes(), ..Default::default() };
-        let sent = producer.send(&args.topic, key.as_deref(), vec![record]).await?;
-        count += 1;
-        if args.connection.json {
-            println!("{}", serde_json::json!({"partition": sent.partition, "offset": sent.base_offset}));
+                None => (None, line),
+            };
+            let partition = producer.partition_for(&args.topic, key.as_deref()).await?;
+            by_partition.entry(partition).or_default().push(pb::Record {
+                key,
+                value: value.into_bytes(),
+                ..Default::default()
+            });
+        }
+        for (partition, records) in by_partition {
+            let sent = producer.send_to(&args.topic, partition, records).await?;
+            count += u64::from(sent.count);
+            if args.connection.json {
+                for offset in sent.base_offset..sent.base_offset + u64::from(sent.count) {
+                    println!("{}", serde_json::json!({"partition": sent.partition, "offset": offset}));
+                }
+            }
         }
     }
     if !args.connection.json {
@@ -397,6 +421,9 @@ async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// Most records `keel produce` sends in one batch.
+const PRODUCE_BATCH_RECORDS_MAX: usize = 500;
 
 async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
     let member = args.member.clone().unwrap_or_else(|| format!("keel-cli-{}", std::process::id()));
