@@ -160,7 +160,10 @@ impl Consumer {
     }
 
     /// Commit everything up to and including `offset` on a partition.
-    pub async fn ack(&mut self, topic: &str, partition: u32, offset: u64) -> Result<u64, ClientError> {
+    /// `Ok(None)` means this member was fenced (a rebalance moved the
+    /// partition): it has rejoined, and the new owner reads on from the last
+    /// commit, so these records may be delivered again (at-least-once).
+    pub async fn ack(&mut self, topic: &str, partition: u32, offset: u64) -> Result<Option<u64>, ClientError> {
         let request = pb::AckRequest {
             group: self.group.clone(),
             member: self.member.clone(),
@@ -176,8 +179,15 @@ impl Consumer {
                 let r = request.clone();
                 async move { c.ack(r).await }
             })
-            .await?;
-        Ok(acked.position)
+            .await;
+        match acked {
+            Ok(acked) => Ok(Some(acked.position)),
+            Err(ClientError::Refused(status)) if status.code() == Code::Aborted => {
+                self.rejoin().await?;
+                Ok(None)
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// Leave the group: its partitions are handed on at once.

@@ -52,7 +52,8 @@ impl Broker {
             .current_dir(dir)
             .env("KEEL_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            // Broker logs go to keel.log in its directory, not the test output.
+            .stderr(std::fs::File::create(dir.join("keel.log")).map(Stdio::from).unwrap_or_else(|_| Stdio::null()))
             .spawn()
             .expect("start keel serve");
         let stdout = child.stdout.take().expect("stdout");
@@ -106,4 +107,17 @@ pub fn cli_ok(broker: &str, args: &[&str], stdin: &str) -> String {
     let output = cli(broker, args, stdin);
     assert!(output.status.success(), "keel {args:?} failed: {}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8(output.stdout).expect("utf-8 output")
+}
+
+/// Start a `keel` client command in the background with its standard
+/// output captured (collect it with `wait_with_output`).
+pub fn spawn_cli(broker: &str, args: &[&str]) -> Child {
+    Command::new(keel_binary())
+        .args(args)
+        .args(["--broker", broker])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run keel")
 }

@@ -118,7 +118,7 @@ impl KeelService {
     pub(super) async fn poll_request(&self, request: pb::PollRequest) -> Result<pb::PollResponse, Status> {
         let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
         let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
-        let partition = self.partition(&self.node.metadata(), &request.topic, request.partition)?;
+        let partition = self.partition(&request.topic, request.partition).await?;
         let generation = Generation(request.generation);
         let claimed =
             self.node.cursor(&group, &partition).is_some_and(|c| c.generation == generation && c.member == member);
@@ -171,7 +171,7 @@ impl KeelService {
     pub(super) async fn ack_request(&self, request: pb::AckRequest) -> Result<pb::AckResponse, Status> {
         GroupName::new(request.group.as_str()).map_err(invalid_name)?;
         MemberId::new(request.member.as_str()).map_err(invalid_name)?;
-        let partition = self.partition(&self.node.metadata(), &request.topic, request.partition)?;
+        let partition = self.partition(&request.topic, request.partition).await?;
         let command = PartitionCommand::Commit {
             group: request.group,
             member: request.member,

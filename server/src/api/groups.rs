@@ -10,13 +10,15 @@ use super::errors::invalid_name;
 use super::service::KeelService;
 
 impl KeelService {
-    pub(super) fn describe_group_request(
+    pub(super) async fn describe_group_request(
         &self,
         request: pb::DescribeGroupRequest,
     ) -> Result<pb::DescribeGroupResponse, Status> {
         let group = GroupName::new(request.group).map_err(invalid_name)?;
         let metadata = self.node.metadata();
-        let info = metadata.group(&group).ok_or_else(|| Status::not_found(format!("group {group} does not exist")))?;
+        let Some(info) = metadata.group(&group) else {
+            return Err(self.missing(format!("group {group} does not exist")).await);
+        };
         let members = info
             .members
             .iter()
@@ -33,12 +35,12 @@ impl KeelService {
         Ok(pb::DescribeGroupResponse { group: group.to_string(), generation: info.generation.0, members })
     }
 
-    pub(super) fn group_position_request(
+    pub(super) async fn group_position_request(
         &self,
         request: pb::GroupPositionRequest,
     ) -> Result<pb::GroupPositionResponse, Status> {
         let group = GroupName::new(request.group).map_err(invalid_name)?;
-        let partition = self.partition(&self.node.metadata(), &request.topic, request.partition)?;
+        let partition = self.partition(&request.topic, request.partition).await?;
         let state = self.node.partition(&partition).ok_or_else(|| self.hosted_elsewhere(&partition))?;
         let committed = state.groups().get(&group).and_then(|g| g.position).is_some();
         Ok(pb::GroupPositionResponse {
@@ -55,7 +57,7 @@ impl KeelService {
     ) -> Result<pb::ResetGroupPositionResponse, Status> {
         let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
         let metadata = self.node.metadata();
-        let partition = self.partition(&metadata, &request.topic, request.partition)?;
+        let partition = self.partition(&request.topic, request.partition).await?;
         if metadata.group(&group).is_some_and(|g| !g.members.is_empty()) {
             return Err(Status::failed_precondition(format!(
                 "group {group} has members: stop them (or wait for their sessions to expire) before resetting"

@@ -1,6 +1,6 @@
 //! `keel.v1.Keel` on a broker node.
 
-use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState, RetentionPolicy, TopicInfo};
+use keel_core::metadata::{MetadataCommand, MetadataOutcome, RetentionPolicy, TopicInfo};
 use keel_core::partition::{PartitionCommand, PartitionOutcome, ProducerBatch};
 use keel_core::record::{Header, Record, StoredRecord};
 use keel_core::{Offset, PartitionIndex, ProducerId, Sequence, TimestampMs, TopicName, TopicPartition};
@@ -8,7 +8,7 @@ use keel_proto::v1 as pb;
 use keel_proto::v1::keel_server::Keel;
 use tonic::{Request, Response, Status};
 
-use super::errors::{elsewhere, invalid_name, metadata_rejection, not_leader, partition_rejection};
+use super::errors::{elsewhere, invalid_name, metadata_rejection, not_leader, partition_rejection, with_leader};
 use crate::group::GroupId;
 use crate::node::Node;
 use crate::raft::types::{Command, Response as Applied};
@@ -67,23 +67,38 @@ impl KeelService {
     }
 
     /// Validate a topic and partition against this broker's metadata.
-    pub(super) fn partition(
-        &self,
-        metadata: &MetadataState,
-        topic: &str,
-        partition: u32,
-    ) -> Result<TopicPartition, Status> {
+    /// Validate a topic and partition against this broker's metadata.
+    pub(super) async fn partition(&self, topic: &str, partition: u32) -> Result<TopicPartition, Status> {
         let name = TopicName::new(topic).map_err(invalid_name)?;
-        let info = metadata
-            .topic(&name)
-            .ok_or_else(|| Status::not_found(format!("topic {name} does not exist: create it first")))?;
+        let metadata = self.node.metadata();
+        let Some(info) = metadata.topic(&name) else {
+            return Err(self.missing(format!("topic {name} does not exist: create it first")).await);
+        };
         if partition as usize >= info.partitions.len() {
-            return Err(Status::not_found(format!(
+            let message = format!(
                 "topic {name} has {} partitions, so partition {partition} does not exist",
                 info.partitions.len()
-            )));
+            );
+            return Err(self.missing(message).await);
         }
         Ok(TopicPartition::new(name, PartitionIndex(partition)))
+    }
+
+    /// Something named is not in this broker's metadata. Only the metadata
+    /// leader says NOT_FOUND for sure: a follower may lag behind a write the
+    /// client just made, so it sends the client to the leader.
+    pub(super) async fn missing(&self, message: String) -> Status {
+        if self.node.is_metadata_leader().await {
+            return Status::not_found(message);
+        }
+        match self.node.metadata_leader().await {
+            Some((id, address)) => with_leader(
+                Status::failed_precondition(format!("{message} on broker {}; ask the metadata leader", self.node.id())),
+                id,
+                &address,
+            ),
+            None => Status::unavailable(format!("{message}; no metadata leader is known yet, retry shortly")),
+        }
     }
 
     fn describe(&self, name: &TopicName, info: &TopicInfo) -> pb::TopicDescription {
@@ -152,7 +167,7 @@ impl Keel for KeelService {
     async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
         let request = request.into_inner();
         let metadata = self.node.metadata();
-        let partition = self.partition(&metadata, &request.topic, request.partition)?;
+        let partition = self.partition(&request.topic, request.partition).await?;
         let limits = metadata.limits();
         if request.records.is_empty() {
             return Err(Status::invalid_argument("the batch is empty: send at least one record"));
@@ -182,7 +197,7 @@ impl Keel for KeelService {
 
     async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
         let request = request.into_inner();
-        let partition = self.partition(&self.node.metadata(), &request.topic, request.partition)?;
+        let partition = self.partition(&request.topic, request.partition).await?;
         let max_bytes = if request.max_bytes == 0 { u64::MAX } else { request.max_bytes };
         let result = self
             .node
@@ -246,7 +261,9 @@ impl Keel for KeelService {
     ) -> Result<Response<pb::DescribeTopicResponse>, Status> {
         let name = TopicName::new(request.into_inner().topic).map_err(invalid_name)?;
         let metadata = self.node.metadata();
-        let info = metadata.topic(&name).ok_or_else(|| Status::not_found(format!("topic {name} does not exist")))?;
+        let Some(info) = metadata.topic(&name) else {
+            return Err(self.missing(format!("topic {name} does not exist")).await);
+        };
         Ok(Response::new(pb::DescribeTopicResponse { topic: Some(self.describe(&name, info)) }))
     }
 
@@ -298,14 +315,14 @@ impl Keel for KeelService {
         &self,
         request: Request<pb::DescribeGroupRequest>,
     ) -> Result<Response<pb::DescribeGroupResponse>, Status> {
-        self.describe_group_request(request.into_inner()).map(Response::new)
+        self.describe_group_request(request.into_inner()).await.map(Response::new)
     }
 
     async fn group_position(
         &self,
         request: Request<pb::GroupPositionRequest>,
     ) -> Result<Response<pb::GroupPositionResponse>, Status> {
-        self.group_position_request(request.into_inner()).map(Response::new)
+        self.group_position_request(request.into_inner()).await.map(Response::new)
     }
 
     async fn reset_group_position(

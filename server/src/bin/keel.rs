@@ -75,9 +75,10 @@ struct ServeArgs {
 
 #[derive(Args)]
 struct Connection {
-    /// A broker of the cluster (host:port).
-    #[arg(long, env = "KEEL_BROKER", default_value = "127.0.0.1:7070", global = true)]
-    broker: String,
+    /// Brokers of the cluster (host:port, comma-separated); the others are
+    /// discovered.
+    #[arg(long, env = "KEEL_BROKER", default_value = "127.0.0.1:7070", global = true, value_delimiter = ',')]
+    broker: Vec<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -229,7 +230,15 @@ async fn run(command: Command) -> anyhow::Result<()> {
 }
 
 fn client(connection: &Connection) -> anyhow::Result<Client> {
-    Ok(Client::new(vec![connection.broker.clone()], RetryPolicy::default())?)
+    Ok(Client::new(connection.broker.clone(), RetryPolicy::default())?)
+}
+
+/// A client that also knows every registered broker, for long-running
+/// commands that must outlive the loss of the broker they started with.
+async fn discovering_client(connection: &Connection) -> anyhow::Result<Client> {
+    let client = client(connection)?;
+    client.describe_cluster().await?;
+    Ok(client)
 }
 
 /// Flags and KEEL_* variables over the config file over the defaults.
@@ -372,7 +381,7 @@ async fn topic(command: TopicCommand) -> anyhow::Result<()> {
 }
 
 async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
-    let client = client(&args.connection)?;
+    let client = discovering_client(&args.connection).await?;
     let mut producer = Producer::new(client, u64::from(std::process::id())).await?;
     // Lines arrive from a reader thread; whatever is already waiting goes
     // out together, one batch per partition (one line at a time when typed).
@@ -427,9 +436,14 @@ const PRODUCE_BATCH_RECORDS_MAX: usize = 500;
 
 async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
     let member = args.member.clone().unwrap_or_else(|| format!("keel-cli-{}", std::process::id()));
-    let mut consumer =
-        Consumer::join(client(&args.connection)?, &args.group, &member, args.topics.clone(), args.session_timeout_ms)
-            .await?;
+    let mut consumer = Consumer::join(
+        discovering_client(&args.connection).await?,
+        &args.group,
+        &member,
+        args.topics.clone(),
+        args.session_timeout_ms,
+    )
+    .await?;
     let mut printed = 0u64;
     let mut idle_since = tokio::time::Instant::now();
     loop {
