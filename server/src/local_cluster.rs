@@ -32,9 +32,21 @@ pub enum ClusterError {
     Propose(#[from] ProposeError),
 }
 
+/// A loopback port no other cluster of this process was given. Ports from
+/// `bind(0)` are released before the broker binds them, so two clusters
+/// started at once could both be handed the same one and talk to each
+/// other's brokers; a process-wide counter rules that out.
 fn free_port() -> Result<u16, ClusterError> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(ClusterError::Port)?;
-    Ok(listener.local_addr().map_err(ClusterError::Port)?.port())
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(0, 20_000 + (std::process::id() % 9_000) as u16, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..10_000 {
+        let port = NEXT.fetch_add(1, Ordering::SeqCst);
+        if port >= 20_000 && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(ClusterError::Port(std::io::Error::other("no free loopback port")))
 }
 
 impl LocalCluster {

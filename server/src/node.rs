@@ -54,6 +54,13 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
+    /// The cluster's identity: FNV-1a 64 of its initial metadata voters
+    /// (the same on every broker of the cluster, different elsewhere).
+    pub fn cluster_id(&self) -> u64 {
+        let voters: String = self.metadata_voters.iter().map(|(id, address)| format!("{id}={address};")).collect();
+        keel_core::routing::fnv1a_64(voters.as_bytes())
+    }
+
     /// A config with keel's defaults for everything but the addresses.
     pub fn new(id: NodeId, listen: SocketAddr, advertised: String, metadata_voters: BTreeMap<NodeId, String>) -> Self {
         let raft = openraft::Config {
@@ -184,9 +191,10 @@ impl Node {
             GroupStateMachine::open(store, GroupId::Metadata.key(), initial)?.notify_on_apply(applied.clone());
         let metadata = node.start_group(GroupId::Metadata, metadata_sm).await?;
 
-        let transport = RaftTransportServer::new(TransportService::new(node.inner.clone()))
-            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+        let transport =
+            RaftTransportServer::new(TransportService::new(node.inner.clone(), node.inner.config.cluster_id()))
+                .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+                .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
         // A produce request holds at most one batch; a read reply is bounded
         // by its byte budget (plus one record).
         let limits = &node.inner.config.limits;
@@ -249,7 +257,7 @@ impl Node {
 
     async fn start_group(&self, group: GroupId, state_machine: GroupStateMachine) -> Result<Raft, StartError> {
         let log = LogStore::new(self.inner.store.clone(), group.key());
-        let network = GroupNetwork::new(&group, self.inner.peers.clone());
+        let network = GroupNetwork::new(&group, self.inner.peers.clone(), self.inner.config.cluster_id());
         let raft = Raft::new(self.id(), self.inner.raft_config.clone(), network, log, state_machine.clone())
             .await
             .map_err(|e| StartError::Raft { group: group.clone(), reason: e.to_string() })?;

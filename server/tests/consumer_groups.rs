@@ -19,9 +19,8 @@ async fn cluster_with_topic(dir: &TempDir) -> (LocalCluster, Client) {
         .eventually("brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 3)
         .await
         .unwrap();
-    let addresses: Vec<String> = (1..=3)
-        .map(|id| cluster.node(id).unwrap().metadata().brokers()[&keel_core::BrokerId(id)].address.clone())
-        .collect();
+    let brokers = cluster.node(1).unwrap().metadata().brokers().clone();
+    let addresses: Vec<String> = brokers.values().map(|b| b.address.clone()).collect();
     let client = Client::new(addresses, RetryPolicy::default()).unwrap();
     let request =
         pb::CreateTopicRequest { topic: "jobs".into(), partitions: 4, replication_factor: 3, ..Default::default() };

@@ -30,9 +30,21 @@ pub fn keel_binary() -> PathBuf {
     binary
 }
 
-/// A free loopback port (bound and released: good enough for tests).
+/// A free loopback port that no other test of this process was given.
+/// Ports from `bind(0)` are released before the broker binds them, so two
+/// tests running at once could be handed the same one and their brokers
+/// would talk across clusters; a process-wide counter rules that out.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(0, 10_000 + (std::process::id() % 9_000) as u16, Ordering::SeqCst, Ordering::SeqCst);
+    loop {
+        let port = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(port >= 10_000, "ran out of test ports");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A running `keel serve` process, killed when dropped.

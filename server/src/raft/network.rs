@@ -75,11 +75,12 @@ impl Peers {
 pub struct GroupNetwork {
     group: String,
     peers: Peers,
+    cluster_id: u64,
 }
 
 impl GroupNetwork {
-    pub fn new(group: &GroupId, peers: Peers) -> Self {
-        GroupNetwork { group: group.key(), peers }
+    pub fn new(group: &GroupId, peers: Peers, cluster_id: u64) -> Self {
+        GroupNetwork { group: group.key(), peers, cluster_id }
     }
 }
 
@@ -87,7 +88,13 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
-        PeerClient { group: self.group.clone(), peers: self.peers.clone(), target, address: node.addr.clone() }
+        PeerClient {
+            group: self.group.clone(),
+            peers: self.peers.clone(),
+            target,
+            address: node.addr.clone(),
+            cluster_id: self.cluster_id,
+        }
     }
 }
 
@@ -98,6 +105,7 @@ pub struct PeerClient {
     peers: Peers,
     target: NodeId,
     address: String,
+    cluster_id: u64,
 }
 
 /// Which RPC to call.
@@ -123,7 +131,8 @@ impl PeerClient {
         if payload.len() > RAFT_MESSAGE_BYTES_MAX - 1024 {
             return Err(TransportError::TooLarge { bytes: payload.len() });
         }
-        let mut message = tonic::Request::new(RaftRequest { group: self.group.clone(), payload });
+        let mut message =
+            tonic::Request::new(RaftRequest { group: self.group.clone(), payload, cluster_id: self.cluster_id });
         message.set_timeout(option.hard_ttl());
         let reply = match rpc {
             Rpc::AppendEntries => client.append_entries(message).await?,
@@ -194,14 +203,21 @@ pub trait GroupDirectory: Send + Sync + 'static {
 /// The server side of the transport: routes each request to its group.
 pub struct TransportService<D> {
     directory: Arc<D>,
+    cluster_id: u64,
 }
 
 impl<D: GroupDirectory> TransportService<D> {
-    pub fn new(directory: Arc<D>) -> Self {
-        TransportService { directory }
+    pub fn new(directory: Arc<D>, cluster_id: u64) -> Self {
+        TransportService { directory, cluster_id }
     }
 
     fn group(&self, request: &RaftRequest) -> Result<Raft, tonic::Status> {
+        if request.cluster_id != self.cluster_id {
+            return Err(tonic::Status::failed_precondition(format!(
+                "this broker belongs to cluster {:x}, the request to cluster {:x}: check the peers configuration",
+                self.cluster_id, request.cluster_id
+            )));
+        }
         let group = GroupId::parse(&request.group).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
         self.directory
             .raft(&group)
@@ -244,5 +260,31 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         let request = request.into_inner();
         let raft = self.group(&request)?;
         reply(&raft.install_snapshot(decode(&request)?).await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoGroups;
+
+    impl GroupDirectory for NoGroups {
+        fn raft(&self, _group: &GroupId) -> Option<Raft> {
+            None
+        }
+    }
+
+    fn refusal(cluster_id: u64, group: &str) -> tonic::Code {
+        let service = TransportService::new(Arc::new(NoGroups), 7);
+        let request = RaftRequest { group: group.to_string(), payload: Vec::new(), cluster_id };
+        service.group(&request).err().expect("refused").code()
+    }
+
+    #[test]
+    fn requests_from_another_cluster_or_for_unknown_groups_are_refused() {
+        assert_eq!(refusal(8, "metadata"), tonic::Code::FailedPrecondition);
+        assert_eq!(refusal(7, "metadata"), tonic::Code::NotFound);
+        assert_eq!(refusal(7, "not a group"), tonic::Code::InvalidArgument);
     }
 }

@@ -47,6 +47,10 @@ pub struct GroupStateMachine {
     store: Arc<NodeStore>,
     group: String,
     last_applied: Arc<Mutex<(Option<LogId>, StoredMembership)>>,
+    /// The state apply works on, inside the writer's transaction.
+    working: SharedGroupState,
+    /// The state as of the last committed apply: what readers see, so that
+    /// it never runs ahead of the committed records.
     state: SharedGroupState,
     /// Woken after every applied batch (one waiter: the node's reconciler).
     applied_notify: Option<Arc<tokio::sync::Notify>>,
@@ -80,6 +84,7 @@ impl GroupStateMachine {
             store,
             group,
             last_applied: Arc::new(Mutex::new((applied.last_applied, applied.membership))),
+            working: Arc::new(Mutex::new(applied.state.clone())),
             state: Arc::new(Mutex::new(applied.state)),
             applied_notify: None,
             incoming_streams: Arc::new(std::sync::atomic::AtomicU64::new(0)),
@@ -118,25 +123,25 @@ impl GroupStateMachine {
         &self,
         read: impl FnOnce(&PartitionState, &RecordReader<'_>) -> T,
     ) -> Result<Option<T>, StoreError> {
+        // The state first, then the transaction: the transaction then sees
+        // at least every record that state has committed.
+        let GroupState::Partition(partition) = self.state.lock().expect("group state").clone() else { return Ok(None) };
         self.store.read(|txn| {
             let reader = RecordReader { table: txn.open_table(RECORDS)?, group: self.group.as_str() };
-            let state = self.state.lock().expect("group state");
-            Ok(match &*state {
-                GroupState::Partition(partition) => Some(read(partition, &reader)),
-                GroupState::Metadata(_) => None,
-            })
+            Ok(Some(read(&partition, &reader)))
         })
     }
 
     fn applied(&self) -> Applied {
         let (last_applied, membership) = self.last_applied.lock().expect("applied").clone();
-        Applied { last_applied, membership, state: self.state.lock().expect("group state").clone() }
+        Applied { last_applied, membership, state: self.working.lock().expect("group state").clone() }
     }
 
     async fn apply_entries(&self, entries: Vec<Entry<TypeConfig>>) -> Result<Vec<Response>, StoreError> {
-        let (group, state, last_applied) = (self.group.clone(), self.state.clone(), self.last_applied.clone());
+        let (group, state, last_applied) = (self.group.clone(), self.working.clone(), self.last_applied.clone());
         // Runs in the node writer's transaction; not synced (the log replays it).
-        self.store
+        let (responses, committed) = self
+            .store
             .write(false, move |txn| {
                 let group = group.as_str();
                 let mut records = txn.open_table(RECORDS)?;
@@ -166,9 +171,12 @@ impl GroupStateMachine {
                 }
                 let row = Applied { last_applied: applied.0, membership: applied.1.clone(), state: state.clone() };
                 txn.open_table(STATE)?.insert(group, postcard::to_stdvec(&row)?.as_slice())?;
-                Ok(responses)
+                Ok((responses, row.state))
             })
-            .await
+            .await?;
+        // Readers see the new state only now that its records are committed.
+        *self.state.lock().expect("group state") = committed;
+        Ok(responses)
     }
 
     async fn build(&self) -> Result<Snapshot<TypeConfig>, StoreError> {
@@ -291,6 +299,7 @@ impl GroupStateMachine {
             snapshot_file::remove(&self.store, &stale)?;
         }
         *self.last_applied.lock().expect("applied") = (applied.last_applied, applied.membership);
+        *self.working.lock().expect("group state") = applied.state.clone();
         *self.state.lock().expect("group state") = applied.state;
         self.wake_watcher();
         Ok(())
