@@ -6,9 +6,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // No system protoc needed: use the vendored binary.
         std::env::set_var("PROTOC", protoc_bin_vendored::protoc_bin_path()?);
     }
+    let descriptors = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("keel_descriptor.bin");
     tonic_build::configure()
         .build_server(true)
         .build_client(true)
+        .file_descriptor_set_path(&descriptors)
         .compile_protos(&["proto/raft.proto", "proto/keel.proto"], &["proto"])?;
     Ok(())
 }

@@ -9,6 +9,9 @@
 //! real tonic code and the simulated one. No logic lives here: validation is
 //! in `keel-server`, state machines in `keel-core`.
 
+/// The encoded descriptors of every keel service, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/keel_descriptor.bin"));
+
 /// The public API: produce, read, administer.
 pub mod v1 {
     #![allow(clippy::all)]

@@ -206,12 +206,26 @@ impl Node {
         let stop = node.inner.stop_server.clone();
         let server = tokio::spawn(async move {
             let stopped = async move { stop.notified().await };
-            if let Err(error) = tonic::transport::Server::builder()
-                .add_service(transport)
-                .add_service(api)
-                .serve_with_shutdown(listen, stopped)
-                .await
-            {
+            let router = tonic::transport::Server::builder().add_service(transport).add_service(api);
+            // The standard health and reflection services, so grpcurl and
+            // load balancers work (real gRPC only; the simulation has none).
+            #[cfg(not(madsim))]
+            let router = {
+                let (health_reporter, health) = tonic_health::server::health_reporter();
+                health_reporter.set_serving::<KeelServer<KeelService>>().await;
+                let reflection = tonic_reflection::server::Builder::configure()
+                    .register_encoded_file_descriptor_set(keel_proto::FILE_DESCRIPTOR_SET)
+                    .build_v1();
+                let router = router.add_service(health);
+                match reflection {
+                    Ok(reflection) => router.add_service(reflection),
+                    Err(error) => {
+                        tracing::warn!(%error, "gRPC reflection is unavailable");
+                        router
+                    }
+                }
+            };
+            if let Err(error) = router.serve_with_shutdown(listen, stopped).await {
                 tracing::error!(%error, %listen, "Raft transport server stopped");
             }
         });
