@@ -11,8 +11,10 @@
 //!   cluster, one sequence per partition, and retries of a batch with the
 //!   same sequence, so a retried batch is appended once.
 //!
-//! It uses tokio's clock and madsim-tonic, so the same code runs inside the
-//! simulation.
+//! It uses tokio's monotonic clock (madsim's simulated one under
+//! simulation) only for retry deadlines and heartbeat intervals, never for
+//! anything a broker decides on, and madsim-tonic, so the same code runs
+//! deterministically inside the simulation.
 
 mod client;
 mod consumer;

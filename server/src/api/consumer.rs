@@ -22,6 +22,12 @@ use crate::node::Cursor;
 
 /// Longest a poll waits for records.
 const POLL_WAIT_MS_MAX: u64 = 30_000;
+// Waits and deadlines here are durations on the runtime's monotonic clock
+// (madsim's simulated one under simulation), deliberately not the node's
+// `Clock`: a skewed or jumping wall clock must not stretch or cut a long
+// poll. The `Clock` is for timestamps that enter commands and for session
+// expiry.
+
 /// How often a waiting poll looks again.
 const POLL_RECHECK: Duration = Duration::from_millis(10);
 
