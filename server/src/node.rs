@@ -18,7 +18,6 @@ use keel_core::partition::PartitionState;
 use keel_core::{BrokerId, Generation, GroupName, Limits, MemberId, Offset, TopicPartition};
 use keel_proto::raft::raft_transport_server::RaftTransportServer;
 use keel_proto::v1::keel_server::KeelServer;
-use openraft::error::{ClientWriteError, RaftError};
 use openraft::BasicNode;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -29,6 +28,9 @@ use crate::group::GroupId;
 use crate::raft::network::{GroupDirectory, GroupNetwork, Peers, TransportService, RAFT_MESSAGE_BYTES_MAX};
 use crate::raft::types::{Command, NodeId, Raft, Request, Response};
 use crate::storage::{GroupState, GroupStateMachine, LogStore, NodeStore, StoreError};
+
+mod membership;
+pub use membership::MembershipError;
 
 /// Largest reply of the public API.
 pub const API_REPLY_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -51,16 +53,21 @@ pub struct NodeConfig {
     pub raft: openraft::Config,
     /// How often the metadata leader does its duties.
     pub duty_interval: Duration,
+    /// The cluster's identity, carried by every Raft message so brokers of
+    /// different clusters never talk. [`NodeConfig::new`] derives it from
+    /// the initial voters; a broker joining a running cluster takes it from
+    /// the cluster (`DescribeCluster`).
+    pub cluster_id: u64,
+}
+
+/// The identity of a cluster with these initial metadata voters: FNV-1a 64
+/// of `id=address;` pairs (the same on every broker of the cluster).
+pub fn cluster_id_of(metadata_voters: &BTreeMap<NodeId, String>) -> u64 {
+    let voters: String = metadata_voters.iter().map(|(id, address)| format!("{id}={address};")).collect();
+    keel_core::routing::fnv1a_64(voters.as_bytes())
 }
 
 impl NodeConfig {
-    /// The cluster's identity: FNV-1a 64 of its initial metadata voters
-    /// (the same on every broker of the cluster, different elsewhere).
-    pub fn cluster_id(&self) -> u64 {
-        let voters: String = self.metadata_voters.iter().map(|(id, address)| format!("{id}={address};")).collect();
-        keel_core::routing::fnv1a_64(voters.as_bytes())
-    }
-
     /// A config with keel's defaults for everything but the addresses.
     pub fn new(id: NodeId, listen: SocketAddr, advertised: String, metadata_voters: BTreeMap<NodeId, String>) -> Self {
         let raft = openraft::Config {
@@ -77,6 +84,7 @@ impl NodeConfig {
             ..openraft::Config::default()
         };
         NodeConfig {
+            cluster_id: cluster_id_of(&metadata_voters),
             id,
             listen,
             advertised,
@@ -147,6 +155,9 @@ struct NodeInner {
     /// Where each group's claimed partitions are read next, on their leader
     /// (soft state: a new leader starts from the committed position).
     cursors: Mutex<BTreeMap<(GroupName, TopicPartition), Cursor>>,
+    /// Partition groups whose leader (this broker) is changing their
+    /// membership to follow a move.
+    membership_changes: Mutex<BTreeSet<GroupId>>,
     /// Tells the transport server to stop (one waiter: the server).
     stop_server: Arc<Notify>,
     server: Mutex<Option<JoinHandle<()>>>,
@@ -180,6 +191,7 @@ impl Node {
             sessions: Mutex::new(GroupSessions::new()),
             was_metadata_leader: Mutex::new(false),
             cursors: Mutex::new(BTreeMap::new()),
+            membership_changes: Mutex::new(BTreeSet::new()),
             stop_server: Arc::new(Notify::new()),
             server: Mutex::new(None),
         });
@@ -192,7 +204,7 @@ impl Node {
         let metadata = node.start_group(GroupId::Metadata, metadata_sm).await?;
 
         let transport =
-            RaftTransportServer::new(TransportService::new(node.inner.clone(), node.inner.config.cluster_id()))
+            RaftTransportServer::new(TransportService::new(node.inner.clone(), node.inner.config.cluster_id))
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
         // A produce request holds at most one batch; a read reply is bounded
@@ -271,7 +283,7 @@ impl Node {
 
     async fn start_group(&self, group: GroupId, state_machine: GroupStateMachine) -> Result<Raft, StartError> {
         let log = LogStore::new(self.inner.store.clone(), group.key());
-        let network = GroupNetwork::new(&group, self.inner.peers.clone(), self.inner.config.cluster_id());
+        let network = GroupNetwork::new(&group, self.inner.peers.clone(), self.inner.config.cluster_id);
         let raft = Raft::new(self.id(), self.inner.raft_config.clone(), network, log, state_machine.clone())
             .await
             .map_err(|e| StartError::Raft { group: group.clone(), reason: e.to_string() })?;
@@ -399,15 +411,7 @@ impl Node {
     pub async fn propose(&self, group: &GroupId, command: Command) -> Result<Response, ProposeError> {
         let raft = self.raft(group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
         let request = Request { at: self.inner.clock.now(), command };
-        match raft.client_write(request).await {
-            Ok(written) => Ok(written.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => Err(ProposeError::NotLeader {
-                group: group.clone(),
-                leader: forward.leader_id,
-                address: forward.leader_node.map(|n| n.addr),
-            }),
-            Err(error) => Err(ProposeError::Raft { group: group.clone(), reason: error.to_string() }),
-        }
+        raft.client_write(request).await.map(|written| written.data).map_err(|e| membership::write_error(group, e))
     }
 
     /// The partition groups the metadata places on this broker.
@@ -447,7 +451,14 @@ impl Node {
             if let Err(error) = self.reconcile().await {
                 tracing::error!(%error, "could not start a partition group");
             }
-            applied.notified().await;
+            // Also look again now and then: a replica moved away stops once
+            // its own group's membership drops it, which no metadata
+            // change announces.
+            tokio::select! {
+                biased;
+                _ = applied.notified() => {}
+                _ = tokio::time::sleep(self.inner.config.duty_interval) => {}
+            }
         }
     }
 
@@ -473,11 +484,17 @@ impl Node {
                 }
             }
         }
+        let metadata = self.metadata();
         for group in running.difference(&placed.keys().cloned().collect()) {
+            let Some(raft) = self.raft(group) else { continue };
+            if !membership::may_stop(&metadata, group, &raft, self.id()) {
+                continue;
+            }
             let handle = self.inner.groups.lock().expect("groups").remove(group);
             if let Some(handle) = handle {
                 let _ = handle.raft.shutdown().await;
-                // The topic is gone (a topic created again gets new groups).
+                // The topic is gone (a topic created again gets new groups),
+                // or the replica moved away (moving back catches up anew).
                 if let Err(error) = self.inner.store.remove_group(&group.key()).await {
                     tracing::error!(%error, %group, "could not remove a deleted partition's data");
                 }
@@ -486,8 +503,10 @@ impl Node {
         Ok(())
     }
 
-    /// While this broker leads the metadata group: register the configured
-    /// brokers that are not registered yet.
+    /// Every duty interval: move the membership of partition groups led
+    /// here towards their placement; while this broker leads the metadata
+    /// group, keep member sessions, expire lapsed members and register the
+    /// configured brokers that are not registered yet.
     async fn leader_duties_forever(&self) {
         loop {
             self.leader_duties().await;
@@ -496,6 +515,7 @@ impl Node {
     }
 
     async fn leader_duties(&self) {
+        self.converge_partition_memberships();
         let Some(metadata) = self.raft(&GroupId::Metadata) else { return };
         let leading = metadata.current_leader().await == Some(self.id());
         let was_leading = std::mem::replace(&mut *self.inner.was_metadata_leader.lock().expect("leader flag"), leading);
@@ -520,8 +540,10 @@ impl Node {
             }
         }
         let registered = self.metadata().brokers().clone();
+        let voting = membership::voters(&metadata);
         for (id, address) in &self.inner.config.metadata_voters {
-            if registered.get(&BrokerId(*id)).is_some_and(|b| &b.address == address) {
+            // A configured broker that was removed since stays removed.
+            if !voting.contains(id) || registered.get(&BrokerId(*id)).is_some_and(|b| &b.address == address) {
                 continue;
             }
             let command =

@@ -5,7 +5,7 @@ use keel_core::partition::PartitionRejection;
 use keel_core::NameError;
 use tonic::{Code, Status};
 
-use crate::node::ProposeError;
+use crate::node::{MembershipError, ProposeError};
 
 /// Response metadata naming the leader to retry at: `<id>@<host:port>`.
 pub const LEADER_METADATA: &str = "keel-leader";
@@ -40,6 +40,14 @@ pub(super) fn not_leader(error: ProposeError) -> Status {
         }
         ProposeError::GroupNotHere { .. } => Status::failed_precondition(error.to_string()),
         ProposeError::Raft { .. } => Status::unavailable(format!("{error}: retry shortly")),
+    }
+}
+
+pub(super) fn membership_error(error: MembershipError) -> Status {
+    match error {
+        MembershipError::Propose(error) => not_leader(error),
+        MembershipError::Rejected(rejection) => metadata_rejection(rejection),
+        MembershipError::CatchUpTimeout { .. } => Status::deadline_exceeded(error.to_string()),
     }
 }
 

@@ -8,7 +8,9 @@ use keel_proto::v1 as pb;
 use keel_proto::v1::keel_server::Keel;
 use tonic::{Request, Response, Status};
 
-use super::errors::{elsewhere, invalid_name, metadata_rejection, not_leader, partition_rejection, with_leader};
+use super::errors::{
+    elsewhere, invalid_name, membership_error, metadata_rejection, not_leader, partition_rejection, with_leader,
+};
 use crate::group::GroupId;
 use crate::node::Node;
 use crate::raft::types::{Command, Response as Applied};
@@ -109,17 +111,16 @@ impl KeelService {
             .map(|(index, placement)| {
                 let tp = TopicPartition::new(name.clone(), PartitionIndex(index as u32));
                 let state = self.node.partition(&tp);
-                let leader = self
-                    .node
-                    .raft(&GroupId::Partition(tp, info.id))
-                    .and_then(|r| r.metrics().borrow().current_leader)
-                    .unwrap_or(0);
+                let group = GroupId::Partition(tp, info.id);
+                let leader = self.node.raft(&group).and_then(|r| r.metrics().borrow().current_leader).unwrap_or(0);
+                let voters = self.node.group_voters(&group).unwrap_or_default().into_iter().collect();
                 pb::PartitionDescription {
                     partition: index as u32,
                     replicas: placement.replicas.iter().map(|b| b.0).collect(),
                     leader,
                     log_start: state.as_ref().map_or(0, |s| s.log_start().0),
                     high_watermark: state.as_ref().map_or(0, |s| s.high_watermark().0),
+                    voters,
                 }
             })
             .collect();
@@ -279,7 +280,51 @@ impl Keel for KeelService {
             .collect();
         let metadata_leader =
             self.node.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader).unwrap_or(0);
-        Ok(Response::new(pb::DescribeClusterResponse { brokers, metadata_leader }))
+        let metadata_voters = self.node.group_voters(&GroupId::Metadata).unwrap_or_default().into_iter().collect();
+        Ok(Response::new(pb::DescribeClusterResponse {
+            brokers,
+            metadata_leader,
+            cluster_id: self.node.cluster_id(),
+            metadata_voters,
+        }))
+    }
+
+    async fn add_broker(
+        &self,
+        request: Request<pb::AddBrokerRequest>,
+    ) -> Result<Response<pb::AddBrokerResponse>, Status> {
+        let request = request.into_inner();
+        if request.broker == 0 {
+            return Err(Status::invalid_argument("broker id 0 is reserved: give the broker an id of 1 or more"));
+        }
+        self.node.add_broker(request.broker, request.address).await.map_err(membership_error)?;
+        Ok(Response::new(pb::AddBrokerResponse { cluster_id: self.node.cluster_id() }))
+    }
+
+    async fn remove_broker(
+        &self,
+        request: Request<pb::RemoveBrokerRequest>,
+    ) -> Result<Response<pb::RemoveBrokerResponse>, Status> {
+        self.node.remove_broker(request.into_inner().broker).await.map_err(membership_error)?;
+        Ok(Response::new(pb::RemoveBrokerResponse {}))
+    }
+
+    async fn move_partition(
+        &self,
+        request: Request<pb::MovePartitionRequest>,
+    ) -> Result<Response<pb::MovePartitionResponse>, Status> {
+        let request = request.into_inner();
+        let name = TopicName::new(request.topic.as_str()).map_err(invalid_name)?;
+        let command = MetadataCommand::MoveReplicas {
+            topic: request.topic,
+            partition: PartitionIndex(request.partition),
+            replicas: request.replicas.into_iter().map(keel_core::BrokerId).collect(),
+        };
+        self.propose_metadata(command).await?;
+        let metadata = self.node.metadata();
+        let info = metadata.topic(&name).ok_or_else(|| Status::internal("the moved partition's topic is missing"))?;
+        let partition = self.describe(&name, info).partitions.into_iter().nth(request.partition as usize);
+        Ok(Response::new(pb::MovePartitionResponse { partition }))
     }
 
     async fn join_group(

@@ -71,6 +71,10 @@ struct ServeArgs {
     /// The brokers of a new cluster, this one included: ID=HOST:PORT,...
     #[arg(long, env = "KEEL_PEERS", value_delimiter = ',')]
     peers: Option<Vec<String>>,
+    /// Join a running cluster through any of these brokers (host:port,...)
+    /// instead of forming a new one. Give the same on every restart.
+    #[arg(long, env = "KEEL_JOIN", value_delimiter = ',', conflicts_with = "peers")]
+    join: Option<Vec<String>>,
 }
 
 #[derive(Args)]
@@ -106,6 +110,19 @@ enum TopicCommand {
     },
     Delete {
         name: String,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Move one partition's replicas to other brokers (to drain a broker
+    /// before removing it). The partition's leader then changes the
+    /// group's membership; `topic describe` shows the voters converge.
+    Move {
+        name: String,
+        #[arg(long)]
+        partition: u32,
+        /// The new replicas, by broker id: ID,ID,...
+        #[arg(long, value_delimiter = ',', required = true)]
+        replicas: Vec<u64>,
         #[command(flatten)]
         connection: Connection,
     },
@@ -183,6 +200,12 @@ enum ClusterCommand {
         #[command(flatten)]
         connection: Connection,
     },
+    /// Remove a broker that holds no replicas (move them away first).
+    RemoveBroker {
+        id: u64,
+        #[command(flatten)]
+        connection: Connection,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -211,6 +234,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Read(args) => read(args).await,
         Command::Consume(args) => consume(args).await,
         Command::Group(command) => group(command).await,
+        Command::Cluster(ClusterCommand::RemoveBroker { id, connection }) => {
+            client(&connection)?.remove_broker(id).await?;
+            println!("removed broker {id}");
+            Ok(())
+        }
         Command::Cluster(ClusterCommand::Status { connection }) => {
             let cluster = client(&connection)?.describe_cluster().await?;
             if connection.json {
@@ -241,8 +269,15 @@ async fn discovering_client(connection: &Connection) -> anyhow::Result<Client> {
     Ok(client)
 }
 
+/// How a broker starts: as (part of) a new cluster, or joining one.
+struct Settled {
+    config: NodeConfig,
+    data_dir: PathBuf,
+    join: Option<Vec<String>>,
+}
+
 /// Flags and KEEL_* variables over the config file over the defaults.
-fn settle(args: ServeArgs) -> anyhow::Result<(NodeConfig, PathBuf)> {
+fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
     let file: ServeArgs = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -254,6 +289,12 @@ fn settle(args: ServeArgs) -> anyhow::Result<(NodeConfig, PathBuf)> {
     let listen = args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:7070".parse().expect("default address"));
     let advertise = args.advertise.or(file.advertise).unwrap_or_else(|| listen.to_string());
     let data_dir = args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("keel-data"));
+    let join = args.join.or(file.join).filter(|j| !j.is_empty());
+    if let Some(join) = join {
+        // The cluster id comes from the cluster once the broker reaches it.
+        let config = NodeConfig::new(id, listen, advertise, BTreeMap::new());
+        return Ok(Settled { config, data_dir, join: Some(join) });
+    }
     let mut voters = BTreeMap::new();
     for peer in args.peers.or(file.peers).unwrap_or_default() {
         let (peer_id, address) = peer.split_once('=').with_context(|| format!("peer {peer:?} is not ID=HOST:PORT"))?;
@@ -268,19 +309,44 @@ fn settle(args: ServeArgs) -> anyhow::Result<(NodeConfig, PathBuf)> {
     if voters.get(&id) != Some(&advertise) {
         bail!("the peers must include this broker as {id}={advertise}");
     }
-    Ok((NodeConfig::new(id, listen, advertise, voters), data_dir))
+    Ok(Settled { config: NodeConfig::new(id, listen, advertise, voters), data_dir, join: None })
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let (config, data_dir) = settle(args)?;
+    let Settled { mut config, data_dir, join } = settle(args)?;
+    let joining = match join {
+        Some(join) => {
+            let cluster = Client::new(join.clone(), RetryPolicy::default())?;
+            config.cluster_id = cluster
+                .describe_cluster()
+                .await
+                .with_context(|| format!("asking {} for the cluster to join", join.join(",")))?
+                .cluster_id;
+            Some(cluster)
+        }
+        None => None,
+    };
     let store =
         NodeStore::open(&data_dir).with_context(|| format!("opening the data directory {}", data_dir.display()))?;
     let (id, listen, single) = (config.id, config.listen, config.metadata_voters.len() == 1);
+    let advertised = config.advertised.clone();
     let node = Node::start(config, store, Clock::system()).await?;
     if single {
         // A one-broker cluster is ready once it has registered itself; say
         // "listening" only then, so a client started next can use it.
         wait_until_registered(&node).await?;
+    }
+    if let Some(cluster) = joining {
+        // Returns once this broker has caught up and votes.
+        let mut attempt = 0;
+        while let Err(error) = cluster.add_broker(id, &advertised).await {
+            attempt += 1;
+            if attempt == 5 {
+                node.shutdown().await;
+                bail!("could not join the cluster: {error}");
+            }
+            tracing::warn!(%error, "joining the cluster did not finish yet; retrying");
+        }
     }
     println!("keel broker {id} listening on {listen} (data in {})", data_dir.display());
     let signal = shutdown_signal();
@@ -335,7 +401,7 @@ fn print_topics(topics: &[pb::TopicDescription], json: bool) {
                 let partitions: Vec<_> = t
                     .partitions
                     .iter()
-                    .map(|p| serde_json::json!({"partition": p.partition, "replicas": p.replicas, "leader": p.leader, "log_start": p.log_start, "high_watermark": p.high_watermark}))
+                    .map(|p| serde_json::json!({"partition": p.partition, "replicas": p.replicas, "leader": p.leader, "voters": p.voters, "log_start": p.log_start, "high_watermark": p.high_watermark}))
                     .collect();
                 serde_json::json!({"name": t.name, "replication_factor": t.replication_factor, "partitions": partitions})
             })
@@ -369,6 +435,20 @@ async fn topic(command: TopicCommand) -> anyhow::Result<()> {
         TopicCommand::List { connection } => print_topics(&client(&connection)?.list_topics().await?, connection.json),
         TopicCommand::Describe { name, connection } => {
             print_topics(&[client(&connection)?.describe_topic(&name).await?], connection.json)
+        }
+        TopicCommand::Move { name, partition, replicas, connection } => {
+            let moved = client(&connection)?.move_partition(&name, partition, replicas).await?;
+            if connection.json {
+                println!(
+                    "{}",
+                    serde_json::json!({"topic": name, "partition": moved.partition, "replicas": moved.replicas, "voters": moved.voters})
+                );
+            } else {
+                println!(
+                    "partition {name}/{} now placed on {:?}; its leader moves the Raft membership there next",
+                    moved.partition, moved.replicas
+                );
+            }
         }
         TopicCommand::Delete { name, connection } => {
             client(&connection)?.delete_topic(&name).await?;

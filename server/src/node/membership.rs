@@ -1,0 +1,235 @@
+//! Membership changes: brokers joining and leaving the metadata group, and
+//! partition groups following their placement when replicas move.
+//!
+//! The metadata is the plan; Raft membership is what runs. `MoveReplicas`
+//! commits the new placement at once; each partition's leader then notices
+//! that its voters differ from the placement, adds the new replicas as
+//! learners, waits until they have caught up, and replaces the voters with
+//! the placement (openraft's joint consensus). A replica that is no longer
+//! placed on its broker keeps running until its group's membership no
+//! longer names it, so a move never removes a replica before the group can
+//! do without it.
+//!
+//! Waiting for a learner to catch up polls the metrics instead of using
+//! openraft's blocking `add_learner`, which waits on the metrics watch
+//! channel (a second waiter there breaks determinism in simulation).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState};
+use keel_core::BrokerId;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers};
+
+use super::{Node, ProposeError};
+use crate::group::GroupId;
+use crate::raft::types::{Command, NodeId, Raft, Response};
+
+/// How long a new member may take to catch up before the change gives up.
+/// Shorter than a client's request timeout: the caller (or the next duty
+/// round) retries, and catching up goes on meanwhile.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// Why a membership change did not happen.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MembershipError {
+    #[error(transparent)]
+    Propose(#[from] ProposeError),
+    #[error("the metadata refused: {0}")]
+    Rejected(keel_core::metadata::MetadataRejection),
+    #[error("broker {broker} did not catch up within {seconds} s; check that it runs and is reachable, then retry")]
+    CatchUpTimeout { broker: NodeId, seconds: u64 },
+}
+
+/// An openraft write error as a proposal error.
+pub(super) fn write_error(
+    group: &GroupId,
+    error: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>,
+) -> ProposeError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => ProposeError::NotLeader {
+            group: group.clone(),
+            leader: forward.leader_id,
+            address: forward.leader_node.map(|n| n.addr),
+        },
+        other => ProposeError::Raft { group: group.clone(), reason: other.to_string() },
+    }
+}
+
+/// The voters of a group's effective membership.
+pub(super) fn voters(raft: &Raft) -> BTreeSet<NodeId> {
+    raft.metrics().borrow().membership_config.membership().voter_ids().collect()
+}
+
+/// Whether a group's effective membership names `node` (voter or learner).
+fn names(raft: &Raft, node: NodeId) -> bool {
+    raft.metrics().borrow().membership_config.membership().get_node(&node).is_some()
+}
+
+/// Add `node` as a learner unless it is already a member, then wait until
+/// the leader has replicated to it up to the change.
+async fn add_learner_and_catch_up(
+    group: &GroupId,
+    raft: &Raft,
+    node: NodeId,
+    address: String,
+) -> Result<(), MembershipError> {
+    if names(raft, node) {
+        return Ok(());
+    }
+    let added = raft.add_learner(node, BasicNode { addr: address }, false).await.map_err(|e| write_error(group, e))?;
+    let target = added.log_id.index;
+    let mut waited = Duration::ZERO;
+    let step = Duration::from_millis(50);
+    loop {
+        let caught_up = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            match &metrics.replication {
+                // No longer the leader: whoever leads carries on.
+                None => true,
+                Some(replication) => {
+                    replication.get(&node).and_then(|matched| matched.as_ref()).is_some_and(|m| m.index >= target)
+                }
+            }
+        };
+        if caught_up {
+            return Ok(());
+        }
+        if waited >= CATCH_UP_TIMEOUT {
+            return Err(MembershipError::CatchUpTimeout { broker: node, seconds: CATCH_UP_TIMEOUT.as_secs() });
+        }
+        tokio::time::sleep(step).await;
+        waited += step;
+    }
+}
+
+impl Node {
+    /// This cluster's identity.
+    pub fn cluster_id(&self) -> u64 {
+        self.inner.config.cluster_id
+    }
+
+    /// The voters of a group running here, as this broker sees them.
+    pub fn group_voters(&self, group: &GroupId) -> Option<BTreeSet<NodeId>> {
+        self.raft(group).map(|raft| voters(&raft))
+    }
+
+    /// On the metadata leader: register `broker` at `address`, add it as a
+    /// learner of the metadata group, wait until it has caught up, and make
+    /// it a voter. Doing it again for a member changes nothing.
+    pub async fn add_broker(&self, broker: NodeId, address: String) -> Result<(), MembershipError> {
+        let group = GroupId::Metadata;
+        let raft = self.raft(&group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
+        let register = MetadataCommand::RegisterBroker { broker: BrokerId(broker), address: address.clone() };
+        match self.propose(&group, Command::Metadata(register)).await? {
+            Response::Metadata(Ok(_)) => {}
+            Response::Metadata(Err(rejection)) => return Err(MembershipError::Rejected(rejection)),
+            other => unreachable!("the metadata group answered {other:?}"),
+        }
+        add_learner_and_catch_up(&group, &raft, broker, address).await?;
+        if !voters(&raft).contains(&broker) {
+            raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([broker])), false)
+                .await
+                .map_err(|e| write_error(&group, e))?;
+        }
+        Ok(())
+    }
+
+    /// On the metadata leader: take `broker`, which must hold no replicas,
+    /// out of the metadata group and unregister it.
+    pub async fn remove_broker(&self, broker: NodeId) -> Result<(), MembershipError> {
+        let group = GroupId::Metadata;
+        let raft = self.raft(&group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
+        if !self.is_metadata_leader().await {
+            let leader = self.metadata_leader().await;
+            return Err(ProposeError::NotLeader {
+                group,
+                leader: leader.as_ref().map(|l| l.0),
+                address: leader.map(|l| l.1),
+            }
+            .into());
+        }
+        // Check first, so a refused removal changes no membership.
+        let command = MetadataCommand::RemoveBroker { broker: BrokerId(broker) };
+        if let Err(rejection) = self.metadata().apply(self.clock().now(), &command) {
+            return Err(MembershipError::Rejected(rejection));
+        }
+        if names(&raft, broker) {
+            let remaining: BTreeSet<NodeId> = voters(&raft).into_iter().filter(|v| *v != broker).collect();
+            raft.change_membership(ChangeMembers::ReplaceAllVoters(remaining), false)
+                .await
+                .map_err(|e| write_error(&group, e))?;
+        }
+        match self.propose(&group, Command::Metadata(command)).await? {
+            Response::Metadata(Ok(MetadataOutcome::BrokerRemoved { .. })) => Ok(()),
+            Response::Metadata(Ok(other)) => unreachable!("RemoveBroker applied as {other:?}"),
+            Response::Metadata(Err(rejection)) => Err(MembershipError::Rejected(rejection)),
+            other => unreachable!("the metadata group answered {other:?}"),
+        }
+    }
+
+    /// The replicas the metadata places a running partition group on, or
+    /// `None` if its topic (with this id) is gone.
+    pub(super) fn placement_of(metadata: &MetadataState, group: &GroupId) -> Option<Vec<BrokerId>> {
+        let GroupId::Partition(partition, topic_id) = group else { return None };
+        let topic = metadata.topic(&partition.topic).filter(|t| t.id == *topic_id)?;
+        topic.partitions.get(partition.partition.0 as usize).map(|p| p.replicas.clone())
+    }
+
+    /// On every partition group this broker leads whose voters differ from
+    /// its placement: start a membership change (one at a time per group).
+    pub(super) fn converge_partition_memberships(&self) {
+        let metadata = self.metadata();
+        let groups: Vec<(GroupId, Raft)> = self
+            .inner
+            .groups
+            .lock()
+            .expect("groups")
+            .iter()
+            .filter(|(g, _)| **g != GroupId::Metadata)
+            .map(|(g, h)| (g.clone(), h.raft.clone()))
+            .collect();
+        for (group, raft) in groups {
+            if raft.metrics().borrow().current_leader != Some(self.id()) {
+                continue;
+            }
+            let Some(placement) = Self::placement_of(&metadata, &group) else { continue };
+            let target: BTreeSet<NodeId> = placement.iter().map(|b| b.0).collect();
+            if voters(&raft) == target {
+                continue;
+            }
+            if !self.inner.membership_changes.lock().expect("membership changes").insert(group.clone()) {
+                continue;
+            }
+            let addresses: BTreeMap<NodeId, String> = placement
+                .iter()
+                .map(|b| (b.0, metadata.brokers().get(b).map(|i| i.address.clone()).unwrap_or_default()))
+                .collect();
+            let node = self.clone();
+            self.spawn(async move {
+                if let Err(error) = change_voters(&group, &raft, addresses).await {
+                    tracing::info!(%error, %group, "moving replicas did not finish yet; retrying");
+                }
+                node.inner.membership_changes.lock().expect("membership changes").remove(&group);
+            });
+        }
+    }
+}
+
+/// Make `target` the group's voters: learners first, then joint consensus.
+async fn change_voters(group: &GroupId, raft: &Raft, target: BTreeMap<NodeId, String>) -> Result<(), MembershipError> {
+    for (node, address) in &target {
+        add_learner_and_catch_up(group, raft, *node, address.clone()).await?;
+    }
+    let voters: BTreeSet<NodeId> = target.keys().copied().collect();
+    raft.change_membership(ChangeMembers::ReplaceAllVoters(voters), false).await.map_err(|e| write_error(group, e))?;
+    Ok(())
+}
+
+/// Whether a running group that is no longer placed here may stop: its
+/// topic is gone, or its own membership no longer names this broker.
+pub(super) fn may_stop(metadata: &MetadataState, group: &GroupId, raft: &Raft, me: NodeId) -> bool {
+    Node::placement_of(metadata, group).is_none() || !names(raft, me)
+}

@@ -1,0 +1,120 @@
+//! Changing a running cluster with real `keel` processes: a fourth broker
+//! joins with `--join`, a partition's replicas move onto it (a Raft
+//! membership change driven by the partition's leader) without losing a
+//! record, broker 1 is drained and removed, and the cluster keeps serving
+//! without it. Broker 1 is started with a TOML config file, which this test
+//! also covers.
+
+use std::time::{Duration, Instant};
+
+use keel_tests::{cli, cli_ok, free_port, Broker};
+
+fn json(broker: &str, args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&cli_ok(broker, args, "")).unwrap()
+}
+
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < Duration::from_secs(60), "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Partition `p` of `topic` as broker `broker` sees it.
+fn partition(broker: &str, topic: &str, p: usize) -> serde_json::Value {
+    json(broker, &["topic", "describe", topic, "--json"])[0]["partitions"][p].clone()
+}
+
+fn ids(value: &serde_json::Value) -> Vec<u64> {
+    let mut ids: Vec<u64> = value.as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    ids.sort();
+    ids
+}
+
+fn values(broker: &str, topic: &str, p: u32) -> Vec<String> {
+    let out = cli_ok(broker, &["read", topic, "--partition", &p.to_string(), "--max-records", "10000", "--json"], "");
+    out.lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["value"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_broker_joins_takes_over_replicas_and_another_is_drained_and_removed() {
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::TempDir::new().unwrap()).collect();
+    let addresses: Vec<String> = (0..4).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    let peers = (0..3).map(|i| format!("{}={}", i + 1, addresses[i])).collect::<Vec<_>>().join(",");
+
+    // Broker 1 reads its settings from a TOML file; flags are only given
+    // for what the harness needs (the listen address).
+    let config = dirs[0].path().join("keel.toml");
+    let data_dir = dirs[0].path().join("from-config");
+    std::fs::write(
+        &config,
+        format!(
+            "id = 1\nadvertise = {:?}\ndata-dir = {:?}\npeers = [{}]\n",
+            addresses[0],
+            data_dir.display().to_string(),
+            (0..3).map(|i| format!("\"{}={}\"", i + 1, addresses[i])).collect::<Vec<_>>().join(", ")
+        ),
+    )
+    .unwrap();
+    let mut broker1 = Some(Broker::start(dirs[0].path(), &addresses[0], &["--config", config.to_str().unwrap()]));
+    let _broker2 = Broker::start(dirs[1].path(), &addresses[1], &["--id", "2", "--peers", &peers]);
+    let _broker3 = Broker::start(dirs[2].path(), &addresses[2], &["--id", "3", "--peers", &peers]);
+    let b2 = addresses[1].as_str();
+    eventually("three registered brokers", || {
+        json(b2, &["cluster", "status", "--json"])["brokers"].as_array().map_or(0, Vec::len) == 3
+    });
+    assert!(data_dir.join("keel.redb").exists(), "broker 1 must keep its data where its config file says");
+
+    cli_ok(b2, &["topic", "create", "moves", "--partitions", "2", "--replication-factor", "3"], "");
+    let records: String = (0..200).map(|i| format!("k{i}:v{i}\n")).collect();
+    cli_ok(b2, &["produce", "moves", "--key-separator", ":"], &records);
+    let before: Vec<Vec<String>> = (0..2).map(|p| values(b2, "moves", p)).collect();
+    assert_eq!(before.iter().map(Vec::len).sum::<usize>(), 200);
+
+    // Broker 4 joins through broker 2 and becomes a metadata voter.
+    let _broker4 = Broker::start(dirs[3].path(), &addresses[3], &["--id", "4", "--join", b2]);
+    let cluster = json(b2, &["cluster", "status", "--json"]);
+    assert_eq!(cluster["brokers"].as_array().unwrap().len(), 4, "{cluster}");
+    let b4 = addresses[3].as_str();
+
+    // Move every replica off broker 1 onto broker 4.
+    for p in 0..2usize {
+        cli_ok(b2, &["topic", "move", "moves", "--partition", &p.to_string(), "--replicas", "2,3,4"], "");
+    }
+    for p in 0..2usize {
+        eventually("the moved partition's voters to follow its placement", || {
+            let seen = partition(b4, "moves", p);
+            ids(&seen["replicas"]) == [2, 3, 4] && ids(&seen["voters"]) == [2, 3, 4]
+        });
+    }
+    // The new replica holds every record, in order; nothing was lost.
+    for p in 0..2u32 {
+        eventually("broker 4 to hold every record", || values(b4, "moves", p) == before[p as usize]);
+    }
+
+    // Broker 1 holds no replicas now: it can be removed, and the cluster
+    // goes on without it.
+    let refused = cli(b2, &["cluster", "remove-broker", "9"], "");
+    assert!(!refused.status.success(), "removing an unknown broker must fail");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not registered"));
+    cli_ok(b2, &["cluster", "remove-broker", "1"], "");
+    broker1.take().unwrap().kill();
+    let cluster = json(b2, &["cluster", "status", "--json"]);
+    let mut brokers: Vec<u64> =
+        cluster["brokers"].as_array().unwrap().iter().map(|b| b["id"].as_u64().unwrap()).collect();
+    brokers.sort();
+    assert_eq!(brokers, [2, 3, 4]);
+    eventually("a metadata leader among brokers 2-4", || {
+        let leader = json(b4, &["cluster", "status", "--json"])["metadata_leader"].as_u64().unwrap_or(0);
+        (2..=4).contains(&leader)
+    });
+    cli_ok(b4, &["produce", "moves"], "after-removal\n");
+    cli_ok(b4, &["topic", "create", "after", "--partitions", "3", "--replication-factor", "3"], "");
+    let after = json(b4, &["topic", "describe", "after", "--json"]);
+    for p in after[0]["partitions"].as_array().unwrap() {
+        assert!(!ids(&p["replicas"]).contains(&1), "a removed broker gets no replicas: {p}");
+    }
+}
