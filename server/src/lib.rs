@@ -11,6 +11,7 @@ pub mod clock;
 pub mod group;
 #[cfg(not(madsim))]
 pub mod local_cluster;
+pub mod metrics;
 pub mod node;
 pub mod raft;
 pub mod storage;

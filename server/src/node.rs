@@ -158,6 +158,7 @@ struct NodeInner {
     /// Partition groups whose leader (this broker) is changing their
     /// membership to follow a move.
     membership_changes: Mutex<BTreeSet<GroupId>>,
+    metrics: crate::metrics::Metrics,
     /// Tells the transport server to stop (one waiter: the server).
     stop_server: Arc<Notify>,
     server: Mutex<Option<JoinHandle<()>>>,
@@ -192,6 +193,7 @@ impl Node {
             was_metadata_leader: Mutex::new(false),
             cursors: Mutex::new(BTreeMap::new()),
             membership_changes: Mutex::new(BTreeSet::new()),
+            metrics: crate::metrics::Metrics::new(),
             stop_server: Arc::new(Notify::new()),
             server: Mutex::new(None),
         });
@@ -269,6 +271,16 @@ impl Node {
     /// This broker's id.
     pub fn id(&self) -> NodeId {
         self.inner.config.id
+    }
+
+    /// The broker's metrics.
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.inner.metrics
+    }
+
+    /// Every metric in the Prometheus (OpenMetrics) text format.
+    pub fn render_metrics(&self) -> String {
+        self.inner.metrics.render(self)
     }
 
     /// The node's clock.

@@ -70,3 +70,53 @@ fn quick_start_through_the_cli() {
         listed[0]["partitions"].as_array().unwrap().iter().map(|p| p["high_watermark"].as_u64().unwrap()).sum();
     assert_eq!(total, 3);
 }
+
+/// `GET path` over plain HTTP/1.0; returns the body.
+fn http_get(address: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to the metrics endpoint");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"), "{response}");
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
+/// The value of the sample whose name and labels start with `prefix`.
+fn sample(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {prefix} in\n{metrics}"))
+}
+
+#[test]
+fn prometheus_metrics_show_traffic_raft_state_and_lag() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let metrics_address = format!("127.0.0.1:{}", free_port());
+    let _broker = Broker::start(dir.path(), &address, &["--metrics-listen", &metrics_address]);
+
+    cli_ok(&address, &["topic", "create", "metered"], "");
+    cli_ok(&address, &["produce", "metered"], "a\nb\nc\nd\n");
+    cli_ok(&address, &["consume", "metered", "--group", "meters", "--max-records", "1"], "");
+
+    let metrics = http_get(&metrics_address, "/metrics");
+    assert_eq!(sample(&metrics, "keel_produced_records_total"), 4.0);
+    assert!(sample(&metrics, "keel_polled_records_total") >= 1.0);
+    assert!(sample(&metrics, "keel_acks_total") >= 1.0);
+    assert!(sample(&metrics, r#"keel_requests_total{rpc="Produce",code="Ok"}"#) >= 1.0);
+    assert!(sample(&metrics, r#"keel_request_duration_seconds_count{rpc="Produce"}"#) >= 1.0);
+    assert_eq!(sample(&metrics, r#"keel_raft_leader{raft_group="metadata"}"#), 1.0);
+    assert!(sample(&metrics, r#"keel_raft_term{raft_group="metadata"}"#) >= 1.0);
+    assert_eq!(sample(&metrics, r#"keel_partition_high_watermark{topic="metered",partition="0"}"#), 4.0);
+    // One record acknowledged of four: three to go.
+    assert_eq!(sample(&metrics, r#"keel_consumer_lag{group="meters",topic="metered",partition="0"}"#), 3.0);
+
+    // A bad request is counted with its status code.
+    cli(&address, &["topic", "describe", "missing"], "");
+    let metrics = http_get(&metrics_address, "/metrics");
+    assert!(sample(&metrics, r#"keel_requests_total{rpc="DescribeTopic",code="NotFound"}"#) >= 1.0);
+}

@@ -162,6 +162,7 @@ impl KeelService {
                 (Err(message), _) => return Err(Status::out_of_range(message)),
             };
             if !records.is_empty() || tokio::time::Instant::now() >= deadline {
+                self.node.metrics().polled(records.len() as u64);
                 if let Some(last) = records.last() {
                     self.node.set_cursor(&group, &partition, Cursor { next: Offset(last.offset.0 + 1), ..cursor });
                 }
@@ -185,7 +186,10 @@ impl KeelService {
             offset: Offset(request.offset),
         };
         match self.propose_partition(&partition, command).await? {
-            PartitionOutcome::Committed { position } => Ok(pb::AckResponse { position: position.0 }),
+            PartitionOutcome::Committed { position } => {
+                self.node.metrics().acked();
+                Ok(pb::AckResponse { position: position.0 })
+            }
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
     }

@@ -25,6 +25,19 @@ impl KeelService {
         KeelService { node }
     }
 
+    /// Run one RPC and count it, with its status code and latency.
+    async fn timed<T>(
+        &self,
+        rpc: &'static str,
+        call: impl std::future::Future<Output = Result<Response<T>, Status>>,
+    ) -> Result<Response<T>, Status> {
+        let started = tokio::time::Instant::now();
+        let result = call.await;
+        let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
+        self.node.metrics().observe_request(rpc, code, started.elapsed().as_secs_f64());
+        result
+    }
+
     pub(super) async fn propose_metadata(&self, command: MetadataCommand) -> Result<MetadataOutcome, Status> {
         match self.node.propose(&GroupId::Metadata, Command::Metadata(command)).await.map_err(not_leader)? {
             Applied::Metadata(result) => result.map_err(metadata_rejection),
@@ -151,9 +164,10 @@ pub(super) fn from_record(stored: StoredRecord) -> pb::StoredRecord {
     }
 }
 
-#[tonic::async_trait]
-impl Keel for KeelService {
-    async fn allocate_producer_id(
+/// The RPCs answered in this file; consumer and group RPCs live in
+/// `consumer.rs` and `groups.rs`.
+impl KeelService {
+    async fn allocate_producer_id_call(
         &self,
         _request: Request<pb::AllocateProducerIdRequest>,
     ) -> Result<Response<pb::AllocateProducerIdResponse>, Status> {
@@ -165,7 +179,10 @@ impl Keel for KeelService {
         }
     }
 
-    async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
+    async fn produce_call(
+        &self,
+        request: Request<pb::ProduceRequest>,
+    ) -> Result<Response<pb::ProduceResponse>, Status> {
         let request = request.into_inner();
         let metadata = self.node.metadata();
         let partition = self.partition(&request.topic, request.partition).await?;
@@ -188,15 +205,19 @@ impl Keel for KeelService {
             producer: ProducerId(request.producer_id),
             sequence: Sequence(request.sequence),
         });
+        let bytes: u64 = records.iter().map(|r| (r.value.len() + r.key.as_ref().map_or(0, |k| k.len())) as u64).sum();
         match self.propose_partition(&partition, PartitionCommand::Append { producer, records }).await? {
             PartitionOutcome::Appended { base_offset, count, duplicate } => {
+                if !duplicate {
+                    self.node.metrics().produced(u64::from(count), bytes);
+                }
                 Ok(Response::new(pb::ProduceResponse { base_offset: base_offset.0, count, duplicate }))
             }
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
     }
 
-    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
+    async fn read_call(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
         let request = request.into_inner();
         let partition = self.partition(&request.topic, request.partition).await?;
         let max_bytes = if request.max_bytes == 0 { u64::MAX } else { request.max_bytes };
@@ -218,7 +239,7 @@ impl Keel for KeelService {
         }
     }
 
-    async fn create_topic(
+    async fn create_topic_call(
         &self,
         request: Request<pb::CreateTopicRequest>,
     ) -> Result<Response<pb::CreateTopicResponse>, Status> {
@@ -237,7 +258,7 @@ impl Keel for KeelService {
         Ok(Response::new(pb::CreateTopicResponse { topic: Some(self.describe(&name, info)) }))
     }
 
-    async fn delete_topic(
+    async fn delete_topic_call(
         &self,
         request: Request<pb::DeleteTopicRequest>,
     ) -> Result<Response<pb::DeleteTopicResponse>, Status> {
@@ -247,7 +268,7 @@ impl Keel for KeelService {
         Ok(Response::new(pb::DeleteTopicResponse {}))
     }
 
-    async fn list_topics(
+    async fn list_topics_call(
         &self,
         _request: Request<pb::ListTopicsRequest>,
     ) -> Result<Response<pb::ListTopicsResponse>, Status> {
@@ -256,7 +277,7 @@ impl Keel for KeelService {
         Ok(Response::new(pb::ListTopicsResponse { topics }))
     }
 
-    async fn describe_topic(
+    async fn describe_topic_call(
         &self,
         request: Request<pb::DescribeTopicRequest>,
     ) -> Result<Response<pb::DescribeTopicResponse>, Status> {
@@ -268,7 +289,7 @@ impl Keel for KeelService {
         Ok(Response::new(pb::DescribeTopicResponse { topic: Some(self.describe(&name, info)) }))
     }
 
-    async fn describe_cluster(
+    async fn describe_cluster_call(
         &self,
         _request: Request<pb::DescribeClusterRequest>,
     ) -> Result<Response<pb::DescribeClusterResponse>, Status> {
@@ -289,7 +310,7 @@ impl Keel for KeelService {
         }))
     }
 
-    async fn add_broker(
+    async fn add_broker_call(
         &self,
         request: Request<pb::AddBrokerRequest>,
     ) -> Result<Response<pb::AddBrokerResponse>, Status> {
@@ -301,7 +322,7 @@ impl Keel for KeelService {
         Ok(Response::new(pb::AddBrokerResponse { cluster_id: self.node.cluster_id() }))
     }
 
-    async fn remove_broker(
+    async fn remove_broker_call(
         &self,
         request: Request<pb::RemoveBrokerRequest>,
     ) -> Result<Response<pb::RemoveBrokerResponse>, Status> {
@@ -309,7 +330,7 @@ impl Keel for KeelService {
         Ok(Response::new(pb::RemoveBrokerResponse {}))
     }
 
-    async fn move_partition(
+    async fn move_partition_call(
         &self,
         request: Request<pb::MovePartitionRequest>,
     ) -> Result<Response<pb::MovePartitionResponse>, Status> {
@@ -326,54 +347,138 @@ impl Keel for KeelService {
         let partition = self.describe(&name, info).partitions.into_iter().nth(request.partition as usize);
         Ok(Response::new(pb::MovePartitionResponse { partition }))
     }
+}
+
+#[tonic::async_trait]
+impl Keel for KeelService {
+    async fn allocate_producer_id(
+        &self,
+        request: Request<pb::AllocateProducerIdRequest>,
+    ) -> Result<Response<pb::AllocateProducerIdResponse>, Status> {
+        self.timed("AllocateProducerId", self.allocate_producer_id_call(request)).await
+    }
+
+    async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
+        self.timed("Produce", self.produce_call(request)).await
+    }
+
+    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
+        self.timed("Read", self.read_call(request)).await
+    }
+
+    async fn create_topic(
+        &self,
+        request: Request<pb::CreateTopicRequest>,
+    ) -> Result<Response<pb::CreateTopicResponse>, Status> {
+        self.timed("CreateTopic", self.create_topic_call(request)).await
+    }
+
+    async fn delete_topic(
+        &self,
+        request: Request<pb::DeleteTopicRequest>,
+    ) -> Result<Response<pb::DeleteTopicResponse>, Status> {
+        self.timed("DeleteTopic", self.delete_topic_call(request)).await
+    }
+
+    async fn list_topics(
+        &self,
+        request: Request<pb::ListTopicsRequest>,
+    ) -> Result<Response<pb::ListTopicsResponse>, Status> {
+        self.timed("ListTopics", self.list_topics_call(request)).await
+    }
+
+    async fn describe_topic(
+        &self,
+        request: Request<pb::DescribeTopicRequest>,
+    ) -> Result<Response<pb::DescribeTopicResponse>, Status> {
+        self.timed("DescribeTopic", self.describe_topic_call(request)).await
+    }
+
+    async fn describe_cluster(
+        &self,
+        request: Request<pb::DescribeClusterRequest>,
+    ) -> Result<Response<pb::DescribeClusterResponse>, Status> {
+        self.timed("DescribeCluster", self.describe_cluster_call(request)).await
+    }
+
+    async fn add_broker(
+        &self,
+        request: Request<pb::AddBrokerRequest>,
+    ) -> Result<Response<pb::AddBrokerResponse>, Status> {
+        self.timed("AddBroker", self.add_broker_call(request)).await
+    }
+
+    async fn remove_broker(
+        &self,
+        request: Request<pb::RemoveBrokerRequest>,
+    ) -> Result<Response<pb::RemoveBrokerResponse>, Status> {
+        self.timed("RemoveBroker", self.remove_broker_call(request)).await
+    }
+
+    async fn move_partition(
+        &self,
+        request: Request<pb::MovePartitionRequest>,
+    ) -> Result<Response<pb::MovePartitionResponse>, Status> {
+        self.timed("MovePartition", self.move_partition_call(request)).await
+    }
 
     async fn join_group(
         &self,
         request: Request<pb::JoinGroupRequest>,
     ) -> Result<Response<pb::JoinGroupResponse>, Status> {
-        self.join_group_request(request.into_inner()).await.map(Response::new)
+        self.timed("JoinGroup", async { self.join_group_request(request.into_inner()).await.map(Response::new) }).await
     }
 
     async fn heartbeat(
         &self,
         request: Request<pb::HeartbeatRequest>,
     ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        self.heartbeat_request(request.into_inner()).await.map(Response::new)
+        self.timed("Heartbeat", async { self.heartbeat_request(request.into_inner()).await.map(Response::new) }).await
     }
 
     async fn leave_group(
         &self,
         request: Request<pb::LeaveGroupRequest>,
     ) -> Result<Response<pb::LeaveGroupResponse>, Status> {
-        self.leave_group_request(request.into_inner()).await.map(Response::new)
+        self.timed("LeaveGroup", async { self.leave_group_request(request.into_inner()).await.map(Response::new) })
+            .await
     }
 
     async fn poll(&self, request: Request<pb::PollRequest>) -> Result<Response<pb::PollResponse>, Status> {
-        self.poll_request(request.into_inner()).await.map(Response::new)
+        self.timed("Poll", async { self.poll_request(request.into_inner()).await.map(Response::new) }).await
     }
 
     async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
-        self.ack_request(request.into_inner()).await.map(Response::new)
+        self.timed("Ack", async { self.ack_request(request.into_inner()).await.map(Response::new) }).await
     }
 
     async fn describe_group(
         &self,
         request: Request<pb::DescribeGroupRequest>,
     ) -> Result<Response<pb::DescribeGroupResponse>, Status> {
-        self.describe_group_request(request.into_inner()).await.map(Response::new)
+        self.timed("DescribeGroup", async {
+            self.describe_group_request(request.into_inner()).await.map(Response::new)
+        })
+        .await
     }
 
     async fn group_position(
         &self,
         request: Request<pb::GroupPositionRequest>,
     ) -> Result<Response<pb::GroupPositionResponse>, Status> {
-        self.group_position_request(request.into_inner()).await.map(Response::new)
+        self.timed("GroupPosition", async {
+            self.group_position_request(request.into_inner()).await.map(Response::new)
+        })
+        .await
     }
 
     async fn reset_group_position(
         &self,
         request: Request<pb::ResetGroupPositionRequest>,
     ) -> Result<Response<pb::ResetGroupPositionResponse>, Status> {
-        self.reset_group_position_request(request.into_inner()).await.map(Response::new)
+        self.timed("ResetGroupPosition", async {
+            self.reset_group_position_request(request.into_inner()).await.map(Response::new)
+        })
+        .await
     }
 }

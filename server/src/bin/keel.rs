@@ -75,6 +75,9 @@ struct ServeArgs {
     /// instead of forming a new one. Give the same on every restart.
     #[arg(long, env = "KEEL_JOIN", value_delimiter = ',', conflicts_with = "peers")]
     join: Option<Vec<String>>,
+    /// Serve Prometheus metrics at http://ADDRESS/metrics (off by default).
+    #[arg(long, env = "KEEL_METRICS_LISTEN")]
+    metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Args)]
@@ -274,6 +277,7 @@ struct Settled {
     config: NodeConfig,
     data_dir: PathBuf,
     join: Option<Vec<String>>,
+    metrics_listen: Option<SocketAddr>,
 }
 
 /// Flags and KEEL_* variables over the config file over the defaults.
@@ -289,11 +293,12 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
     let listen = args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:7070".parse().expect("default address"));
     let advertise = args.advertise.or(file.advertise).unwrap_or_else(|| listen.to_string());
     let data_dir = args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("keel-data"));
+    let metrics_listen = args.metrics_listen.or(file.metrics_listen);
     let join = args.join.or(file.join).filter(|j| !j.is_empty());
     if let Some(join) = join {
         // The cluster id comes from the cluster once the broker reaches it.
         let config = NodeConfig::new(id, listen, advertise, BTreeMap::new());
-        return Ok(Settled { config, data_dir, join: Some(join) });
+        return Ok(Settled { config, data_dir, join: Some(join), metrics_listen });
     }
     let mut voters = BTreeMap::new();
     for peer in args.peers.or(file.peers).unwrap_or_default() {
@@ -309,11 +314,11 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
     if voters.get(&id) != Some(&advertise) {
         bail!("the peers must include this broker as {id}={advertise}");
     }
-    Ok(Settled { config: NodeConfig::new(id, listen, advertise, voters), data_dir, join: None })
+    Ok(Settled { config: NodeConfig::new(id, listen, advertise, voters), data_dir, join: None, metrics_listen })
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let Settled { mut config, data_dir, join } = settle(args)?;
+    let Settled { mut config, data_dir, join, metrics_listen } = settle(args)?;
     let joining = match join {
         Some(join) => {
             let cluster = Client::new(join.clone(), RetryPolicy::default())?;
@@ -348,7 +353,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             tracing::warn!(%error, "joining the cluster did not finish yet; retrying");
         }
     }
-    println!("keel broker {id} listening on {listen} (data in {})", data_dir.display());
+    let mut serving = format!("data in {}", data_dir.display());
+    if let Some(address) = metrics_listen {
+        if let Err(error) = serve_metrics(node.clone(), address).await {
+            node.shutdown().await;
+            return Err(error);
+        }
+        serving.push_str(&format!("; metrics at http://{address}/metrics"));
+    }
+    println!("keel broker {id} listening on {listen} ({serving})");
     let signal = shutdown_signal();
     tokio::pin!(signal);
     loop {
@@ -365,6 +378,29 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     println!("keel broker {id} shutting down");
     node.shutdown().await;
+    Ok(())
+}
+
+/// Serve `GET /metrics` in the Prometheus text format until the process ends.
+async fn serve_metrics(node: Node, address: SocketAddr) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("binding the metrics address {address}"))?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let node = node.clone();
+            async move {
+                let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+                ([(axum::http::header::CONTENT_TYPE, content_type)], node.render_metrics())
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "the metrics endpoint stopped");
+        }
+    });
     Ok(())
 }
 

@@ -1,0 +1,217 @@
+//! The broker's Prometheus metrics: request counts and latencies, produce
+//! and consume volumes, Raft state per group and consumer lag.
+//!
+//! Counters and histograms are updated as requests complete. Raft state and
+//! lag are read from the node when scraped, so they are never stale and
+//! cost nothing between scrapes. Lag is reported by the broker that leads
+//! the partition, so summing over brokers counts each partition once.
+//! Nothing here feeds back into behaviour.
+
+use std::fmt::Write as _;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::group::GroupId;
+use crate::node::Node;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    rpc: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LatencyLabels {
+    rpc: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GroupLabels {
+    raft_group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PartitionLabels {
+    topic: String,
+    partition: u32,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LagLabels {
+    group: String,
+    topic: String,
+    partition: u32,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms to about 16 s.
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// The broker's metrics registry.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RpcLabels, Counter>,
+    latency: HistogramFamily<LatencyLabels>,
+    produced_records: Counter,
+    produced_bytes: Counter,
+    polled_records: Counter,
+    acks: Counter,
+    raft_leader: Family<GroupLabels, Gauge>,
+    raft_term: Family<GroupLabels, Gauge>,
+    raft_last_log_index: Family<GroupLabels, Gauge>,
+    raft_last_applied_index: Family<GroupLabels, Gauge>,
+    raft_voters: Family<GroupLabels, Gauge>,
+    high_watermark: Family<PartitionLabels, Gauge>,
+    lag: Family<LagLabels, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("keel");
+        let metrics = Metrics {
+            requests: Family::default(),
+            latency: HistogramFamily::new_with_constructor(latency_histogram),
+            produced_records: Counter::default(),
+            produced_bytes: Counter::default(),
+            polled_records: Counter::default(),
+            acks: Counter::default(),
+            raft_leader: Family::default(),
+            raft_term: Family::default(),
+            raft_last_log_index: Family::default(),
+            raft_last_applied_index: Family::default(),
+            raft_voters: Family::default(),
+            high_watermark: Family::default(),
+            lag: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register("requests", "API requests answered, by RPC and gRPC status code", metrics.requests.clone());
+        registry.register("request_duration_seconds", "API request latency, by RPC", metrics.latency.clone());
+        registry.register("produced_records", "Records appended by produce requests", metrics.produced_records.clone());
+        registry.register(
+            "produced_bytes",
+            "Value and key bytes appended by produce requests",
+            metrics.produced_bytes.clone(),
+        );
+        registry.register("polled_records", "Records handed to consumers by polls", metrics.polled_records.clone());
+        registry.register("acks", "Consumer acknowledgements committed", metrics.acks.clone());
+        registry.register("raft_leader", "1 if this broker leads the Raft group", metrics.raft_leader.clone());
+        registry.register("raft_term", "The Raft group's current term on this broker", metrics.raft_term.clone());
+        registry.register("raft_last_log_index", "Last log index on this replica", metrics.raft_last_log_index.clone());
+        registry.register(
+            "raft_last_applied_index",
+            "Last applied index on this replica",
+            metrics.raft_last_applied_index.clone(),
+        );
+        registry.register(
+            "raft_voters",
+            "Voters of the Raft group as this replica sees them",
+            metrics.raft_voters.clone(),
+        );
+        registry.register(
+            "partition_high_watermark",
+            "Next offset of partitions led here",
+            metrics.high_watermark.clone(),
+        );
+        registry.register(
+            "consumer_lag",
+            "Records not yet acknowledged by a group, on partitions led here",
+            metrics.lag.clone(),
+        );
+        Metrics { registry, ..metrics }
+    }
+
+    /// Count one answered request and its latency.
+    pub fn observe_request(&self, rpc: &str, code: tonic::Code, seconds: f64) {
+        self.requests.get_or_create(&RpcLabels { rpc: rpc.to_string(), code: format!("{code:?}") }).inc();
+        self.latency.get_or_create(&LatencyLabels { rpc: rpc.to_string() }).observe(seconds);
+    }
+
+    pub fn produced(&self, records: u64, bytes: u64) {
+        self.produced_records.inc_by(records);
+        self.produced_bytes.inc_by(bytes);
+    }
+
+    pub fn polled(&self, records: u64) {
+        self.polled_records.inc_by(records);
+    }
+
+    pub fn acked(&self) {
+        self.acks.inc();
+    }
+
+    /// Read the node's current Raft state and lag, then render everything
+    /// in the OpenMetrics text format.
+    pub fn render(&self, node: &Node) -> String {
+        self.refresh(node);
+        let mut text = String::new();
+        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+            let _ = writeln!(text, "# metrics could not be encoded");
+        }
+        text
+    }
+
+    fn refresh(&self, node: &Node) {
+        for family in [
+            &self.raft_leader,
+            &self.raft_term,
+            &self.raft_last_log_index,
+            &self.raft_last_applied_index,
+            &self.raft_voters,
+        ] {
+            family.clear();
+        }
+        self.high_watermark.clear();
+        self.lag.clear();
+        for group in node.groups() {
+            let Some(raft) = node.raft(&group) else { continue };
+            let labels = GroupLabels { raft_group: group.to_string() };
+            let (leading, term, last_log, applied, voters) = {
+                let metrics = raft.metrics();
+                let m = metrics.borrow();
+                (
+                    m.current_leader == Some(node.id()),
+                    m.current_term,
+                    m.last_log_index.unwrap_or(0),
+                    m.last_applied.map_or(0, |l| l.index),
+                    m.membership_config.membership().voter_ids().count(),
+                )
+            };
+            self.raft_leader.get_or_create(&labels).set(i64::from(leading));
+            self.raft_term.get_or_create(&labels).set(term as i64);
+            self.raft_last_log_index.get_or_create(&labels).set(last_log as i64);
+            self.raft_last_applied_index.get_or_create(&labels).set(applied as i64);
+            self.raft_voters.get_or_create(&labels).set(voters as i64);
+            let GroupId::Partition(partition, _) = &group else { continue };
+            if !leading {
+                continue;
+            }
+            let Some(state) = node.partition(partition) else { continue };
+            let high_watermark = state.high_watermark().0;
+            let labels = PartitionLabels { topic: partition.topic.to_string(), partition: partition.partition.0 };
+            self.high_watermark.get_or_create(&labels).set(high_watermark as i64);
+            for group_name in state.groups().keys() {
+                let lag = high_watermark.saturating_sub(state.group_position(group_name).0);
+                let labels = LagLabels {
+                    group: group_name.to_string(),
+                    topic: partition.topic.to_string(),
+                    partition: partition.partition.0,
+                };
+                self.lag.get_or_create(&labels).set(lag as i64);
+            }
+        }
+    }
+}
