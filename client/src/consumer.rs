@@ -28,6 +28,9 @@ pub struct Consumer {
     /// Round-robin over the assignment.
     next_partition: usize,
     last_heartbeat: tokio::time::Instant,
+    /// Why this member lost its place since the caller last looked: fenced
+    /// on a partition, or removed from the group (see [`Consumer::take_notices`]).
+    notices: Vec<String>,
 }
 
 impl Consumer {
@@ -47,6 +50,7 @@ impl Consumer {
             session_timeout_ms,
             generation: 0,
             partitions: Vec::new(),
+            notices: Vec::new(),
             next_partition: 0,
             last_heartbeat: tokio::time::Instant::now(),
         };
@@ -57,6 +61,12 @@ impl Consumer {
     /// The generation this member is in.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// What happened to this member's membership since the last call: each
+    /// fence or removal it recovered from by rejoining, as a message.
+    pub fn take_notices(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notices)
     }
 
     /// The partitions assigned to this member.
@@ -109,7 +119,15 @@ impl Consumer {
                 Ok(())
             }
             Ok(_) => self.rejoin().await,
-            Err(ClientError::Refused(status)) if status.code() == Code::NotFound => self.rejoin().await,
+            Err(ClientError::Refused(status)) if status.code() == Code::NotFound => {
+                self.notices.push(format!(
+                    "member {} was removed from group {}: {}; rejoining",
+                    self.member,
+                    self.group,
+                    status.message()
+                ));
+                self.rejoin().await
+            }
             Err(error) => Err(error),
         }
     }
@@ -152,6 +170,7 @@ impl Consumer {
                 .map(|record| Delivery { topic: assigned.topic.clone(), partition: assigned.partition, record })
                 .collect()),
             Err(ClientError::Refused(status)) if status.code() == Code::Aborted => {
+                self.notices.push(format!("poll refused, fenced: {}; rejoining", status.message()));
                 self.rejoin().await?;
                 Ok(Vec::new())
             }
@@ -183,6 +202,10 @@ impl Consumer {
         match acked {
             Ok(acked) => Ok(Some(acked.position)),
             Err(ClientError::Refused(status)) if status.code() == Code::Aborted => {
+                self.notices.push(format!(
+                    "ack of {topic}/{partition} offset {offset} refused, fenced: {}; rejoining (these records may be delivered again)",
+                    status.message()
+                ));
                 self.rejoin().await?;
                 Ok(None)
             }

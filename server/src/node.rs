@@ -210,9 +210,13 @@ impl Node {
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
         // A produce request holds at most one batch; a read reply is bounded
-        // by its byte budget (plus one record).
+        // by its byte budget (plus one record). Requests up to twice the
+        // batch limit are decoded, so that an oversized batch is refused by
+        // validation (RESOURCE_EXHAUSTED, saying to split it); only beyond
+        // that does gRPC itself refuse the message (OUT_OF_RANGE).
         let limits = &node.inner.config.limits;
-        let request_bytes_max = limits.batch_bytes_max as usize + limits.batch_records_max as usize * 64 + 64 * 1024;
+        let request_bytes_max =
+            2 * limits.batch_bytes_max as usize + limits.batch_records_max as usize * 64 + 64 * 1024;
         let api = KeelServer::new(KeelService::new(node.clone()))
             .max_decoding_message_size(request_bytes_max)
             .max_encoding_message_size(API_REPLY_BYTES_MAX);

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use keel_tests::{cli, cli_ok, free_port, spawn_cli, Broker};
+use keel_tests::{cli, cli_ok, free_port, keel_binary, spawn_cli, Broker};
 
 /// The group's position on each partition it has a member for (none
 /// before the group exists).
@@ -41,10 +41,14 @@ fn a_paused_member_is_fenced_and_its_partitions_move_on() {
     cli_ok(&address, &["topic", "create", "t", "--partitions", "2"], "");
     cli_ok(&address, &["produce", "t"], &(0..20).map(|i| format!("{i}\n")).collect::<String>());
 
-    let mut a = spawn_cli(
-        &address,
-        &["consume", "t", "--group", "g", "--member", "a", "--session-timeout-ms", "1000", "--json"],
-    );
+    let mut a = std::process::Command::new(keel_binary())
+        .args(["consume", "t", "--group", "g", "--member", "a", "--session-timeout-ms", "1000", "--json"])
+        .args(["--broker", &address])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     let started = Instant::now();
     while positions(&address).iter().sum::<u64>() < 20 {
         assert!(started.elapsed() < Duration::from_secs(30), "member a never consumed the first records");
@@ -80,5 +84,8 @@ fn a_paused_member_is_fenced_and_its_partitions_move_on() {
     }
     assert!(a.try_wait().unwrap().is_none(), "the resumed member must rejoin, not crash");
     let _ = a.kill();
-    let _ = a.wait();
+    // It learnt that it lost its place, and said so.
+    let told = a.wait_with_output().unwrap();
+    let told = String::from_utf8_lossy(&told.stderr);
+    assert!(told.contains("rejoining") && (told.contains("fenced") || told.contains("removed")), "a said: {told}");
 }

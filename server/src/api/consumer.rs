@@ -12,7 +12,7 @@ use std::time::Duration;
 use keel_core::coordinator::{HeartbeatError, HeartbeatReply};
 use keel_core::metadata::{MetadataCommand, MetadataOutcome};
 use keel_core::partition::{PartitionCommand, PartitionOutcome};
-use keel_core::{Generation, GroupName, MemberId, Offset, TopicPartition};
+use keel_core::{Generation, GroupName, MemberId, Offset, TopicName, TopicPartition};
 use keel_proto::v1 as pb;
 use tonic::Status;
 
@@ -52,6 +52,17 @@ impl KeelService {
         GroupName::new(request.group.as_str()).map_err(invalid_name)?;
         MemberId::new(request.member.as_str()).map_err(invalid_name)?;
         self.ensure_coordinator().await?;
+        // Subscribing to a topic that does not exist is almost always a typo:
+        // refuse it here (the coordinator's metadata is authoritative).
+        let metadata = self.node.metadata();
+        for topic in &request.topics {
+            let name = TopicName::new(topic.as_str()).map_err(invalid_name)?;
+            if metadata.topic(&name).is_none() {
+                return Err(Status::not_found(format!(
+                    "topic {name} does not exist: create it first, or subscribe to existing topics"
+                )));
+            }
+        }
         let command = MetadataCommand::JoinGroup {
             group: request.group,
             member: request.member,

@@ -571,6 +571,9 @@ async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
         }
         let want = args.max_records.map_or(500, |max| (max - printed).min(500)) as u32;
         let deliveries = consumer.poll(want, std::time::Duration::from_millis(500)).await?;
+        for notice in consumer.take_notices() {
+            eprintln!("keel consume: {notice}");
+        }
         if deliveries.is_empty() {
             continue;
         }
@@ -592,6 +595,9 @@ async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
         // One poll reads one partition: acknowledge its last record.
         let last = deliveries.last().expect("not empty");
         consumer.ack(&last.topic, last.partition, last.record.offset).await?;
+        for notice in consumer.take_notices() {
+            eprintln!("keel consume: {notice}");
+        }
     }
     consumer.leave().await?;
     Ok(())
