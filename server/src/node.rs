@@ -287,6 +287,12 @@ impl Node {
         self.inner.metrics.render(self)
     }
 
+    /// How long ago `peer` last answered a Raft message from this broker
+    /// (`None`: never, since this broker started).
+    pub fn since_peer_answer(&self, peer: NodeId) -> Option<Duration> {
+        self.inner.peers.since_answer(peer)
+    }
+
     /// The node's clock.
     pub fn clock(&self) -> &Clock {
         &self.inner.clock

@@ -151,7 +151,24 @@ fn kill_9_of_a_broker_loses_no_acknowledged_record() {
     cli_ok(&addresses[1], &["produce", "events", "--key-separator", ":"], &batch(0, 300));
     cluster.kill(0);
     cli_ok(&addresses[1], &["produce", "events", "--key-separator", ":"], &batch(300, 600));
+    // `cluster status` tells the killed broker is down, and then up again.
+    let live = |id: u64| {
+        let status: serde_json::Value =
+            serde_json::from_str(&cli_ok(&addresses[1], &["cluster", "status", "--json"], "")).unwrap();
+        status["brokers"].as_array().unwrap().iter().find(|b| b["id"] == id).unwrap()["live"].as_bool().unwrap()
+    };
+    let started = Instant::now();
+    while live(1) {
+        assert!(started.elapsed() < Duration::from_secs(20), "the killed broker still shows as live");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(live(2) && live(3));
     cluster.restart(0);
+    let started = Instant::now();
+    while !live(1) {
+        assert!(started.elapsed() < Duration::from_secs(20), "the restarted broker does not show as live");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 
     // Every acknowledged record, on every replica, once the killed broker
     // has caught up; per-key order holds.

@@ -15,6 +15,9 @@ use crate::group::GroupId;
 use crate::node::Node;
 use crate::raft::types::{Command, Response as Applied};
 
+/// A broker that answered a Raft message this recently counts as live.
+const LIVENESS_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The public API of one broker.
 pub struct KeelService {
     pub(super) node: Node,
@@ -297,7 +300,15 @@ impl KeelService {
         let brokers = metadata
             .brokers()
             .iter()
-            .map(|(id, info)| pb::BrokerDescription { id: id.0, address: info.address.clone() })
+            .map(|(id, info)| {
+                let since = self.node.since_peer_answer(id.0);
+                pb::BrokerDescription {
+                    id: id.0,
+                    address: info.address.clone(),
+                    live: id.0 == self.node.id() || since.is_some_and(|s| s <= LIVENESS_WINDOW),
+                    last_contact_ms: since.map(|s| s.as_millis() as u64),
+                }
+            })
             .collect();
         let metadata_leader =
             self.node.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader).unwrap_or(0);

@@ -243,16 +243,36 @@ async fn run(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Cluster(ClusterCommand::Status { connection }) => {
-            let cluster = client(&connection)?.describe_cluster().await?;
+            let mut cluster = client(&connection)?.describe_cluster().await?;
+            // Liveness is as complete as the metadata leader sees it: ask it.
+            let leader = cluster.brokers.iter().find(|b| b.id == cluster.metadata_leader).map(|b| b.address.clone());
+            if let Some(leader) = leader {
+                if let Ok(seen) = Client::new(vec![leader], RetryPolicy::default())?.describe_cluster().await {
+                    cluster = seen;
+                }
+            }
             if connection.json {
-                let brokers: Vec<_> =
-                    cluster.brokers.iter().map(|b| serde_json::json!({"id": b.id, "address": b.address})).collect();
-                println!("{}", serde_json::json!({"brokers": brokers, "metadata_leader": cluster.metadata_leader}));
+                let brokers: Vec<_> = cluster
+                    .brokers
+                    .iter()
+                    .map(|b| serde_json::json!({"id": b.id, "address": b.address, "live": b.live, "last_contact_ms": b.last_contact_ms}))
+                    .collect();
+                println!(
+                    "{}",
+                    serde_json::json!({"brokers": brokers, "metadata_leader": cluster.metadata_leader, "metadata_voters": cluster.metadata_voters, "cluster_id": cluster.cluster_id})
+                );
             } else {
-                println!("{:<8} {:<24} ROLE", "BROKER", "ADDRESS");
+                println!("{:<8} {:<24} {:<6} ROLE", "BROKER", "ADDRESS", "LIVE");
                 for broker in &cluster.brokers {
-                    let role = if broker.id == cluster.metadata_leader { "metadata leader" } else { "" };
-                    println!("{:<8} {:<24} {role}", broker.id, broker.address);
+                    let role = if broker.id == cluster.metadata_leader {
+                        "metadata leader"
+                    } else if cluster.metadata_voters.contains(&broker.id) {
+                        "metadata voter"
+                    } else {
+                        ""
+                    };
+                    let live = if broker.live { "yes" } else { "no" };
+                    println!("{:<8} {:<24} {live:<6} {role}", broker.id, broker.address);
                 }
             }
             Ok(())

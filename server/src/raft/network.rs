@@ -36,10 +36,13 @@ use crate::group::GroupId;
 /// with fewer entries (one entry is at most a 4 MiB batch).
 pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
-/// Channels to peers, one per peer address, shared by every group.
+/// Channels to peers, one per peer address, shared by every group; and
+/// when each peer last answered a Raft message (its liveness as this broker
+/// sees it, on the runtime's monotonic clock; for reporting only).
 #[derive(Debug, Clone, Default)]
 pub struct Peers {
     channels: Arc<Mutex<BTreeMap<String, Channel>>>,
+    answered: Arc<Mutex<BTreeMap<NodeId, tokio::time::Instant>>>,
 }
 
 /// A transport failure before the peer answered.
@@ -56,6 +59,11 @@ pub enum TransportError {
 }
 
 impl Peers {
+    /// How long ago `peer` last answered a Raft message from this broker.
+    pub fn since_answer(&self, peer: NodeId) -> Option<Duration> {
+        self.answered.lock().expect("peer answers").get(&peer).map(|at| at.elapsed())
+    }
+
     fn channel(&self, address: &str) -> Result<Channel, TransportError> {
         let mut channels = self.channels.lock().expect("peer channels");
         if let Some(channel) = channels.get(address) {
@@ -139,6 +147,7 @@ impl PeerClient {
             Rpc::Vote => client.vote(message).await?,
             Rpc::InstallSnapshot => client.install_snapshot(message).await?,
         };
+        self.peers.answered.lock().expect("peer answers").insert(self.target, tokio::time::Instant::now());
         Ok(postcard::from_bytes(&reply.into_inner().payload)?)
     }
 
