@@ -1,6 +1,7 @@
 //! A consumer-group member: join, heartbeat, poll the assigned partitions,
 //! ack, rejoin on a rebalance or when fenced, leave.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use keel_proto::v1 as pb;
@@ -31,6 +32,11 @@ pub struct Consumer {
     /// Why this member lost its place since the caller last looked: fenced
     /// on a partition, or removed from the group (see [`Consumer::take_notices`]).
     notices: Vec<String>,
+    /// The next offset this session hands on, per partition: a new
+    /// partition leader restarts a session's reads at the committed
+    /// position, and records already handed on in this session are not
+    /// handed on again (G3: offsets strictly increase within a session).
+    session_next: BTreeMap<(String, u32), u64>,
 }
 
 impl Consumer {
@@ -51,6 +57,7 @@ impl Consumer {
             generation: 0,
             partitions: Vec::new(),
             notices: Vec::new(),
+            session_next: BTreeMap::new(),
             next_partition: 0,
             last_heartbeat: tokio::time::Instant::now(),
         };
@@ -89,6 +96,10 @@ impl Consumer {
                 async move { c.join_group(r).await }
             })
             .await?;
+        if joined.generation != self.generation {
+            // A new session: the new generation's reads start afresh.
+            self.session_next.clear();
+        }
         self.generation = joined.generation;
         self.partitions = joined.partitions;
         self.last_heartbeat = tokio::time::Instant::now();
@@ -164,11 +175,24 @@ impl Consumer {
             })
             .await
         {
-            Ok(response) => Ok(response
-                .records
-                .into_iter()
-                .map(|record| Delivery { topic: assigned.topic.clone(), partition: assigned.partition, record })
-                .collect()),
+            Ok(response) => {
+                let slot = (assigned.topic.clone(), assigned.partition);
+                let next = self.session_next.get(&slot).copied().unwrap_or(0);
+                #[cfg(madsim)]
+                let next = if keel_core::planted::is_planted(keel_core::planted::Bug::ConsumerNoOrderFilter) {
+                    0
+                } else {
+                    next
+                };
+                let records: Vec<_> = response.records.into_iter().filter(|r| r.offset >= next).collect();
+                if let Some(last) = records.last() {
+                    self.session_next.insert(slot, last.offset + 1);
+                }
+                Ok(records
+                    .into_iter()
+                    .map(|record| Delivery { topic: assigned.topic.clone(), partition: assigned.partition, record })
+                    .collect())
+            }
             Err(ClientError::Refused(status)) if status.code() == Code::Aborted => {
                 self.notices.push(format!("poll refused, fenced: {}; rejoining", status.message()));
                 self.rejoin().await?;

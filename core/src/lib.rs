@@ -25,6 +25,8 @@ pub mod limits;
 pub mod metadata;
 pub mod partition;
 pub mod placement;
+#[cfg(madsim)]
+pub mod planted;
 pub mod record;
 pub mod routing;
 

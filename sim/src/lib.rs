@@ -1,9 +1,22 @@
 //! keel-sim: the deterministic simulation harness.
 //!
-//! It will run the real `keel-server` code on madsim hosts with simulated
-//! disks, networks and per-node clocks, inject faults drawn from a seed, and
-//! check the guarantees G1-G8 and L1 against the recorded history. Build it
-//! with `cargo sim` (a `--cfg madsim` build in its own target dir).
+//! It runs the real `keel-server` code on madsim hosts with simulated
+//! disks, networks and per-node clocks, drives it with the real client
+//! library, injects faults drawn from a seed, and checks the guarantees
+//! G1-G8 and L1 against the recorded history. Build it with `cargo sim`
+//! (tests) or `cargo keel-sim` (the command line), both `--cfg madsim`
+//! builds in their own target dir.
+//!
+//! - [`scenario`]: what a seed decides (pure).
+//! - [`history`]: the recorded events, JSON lines and the trace hash (pure).
+//! - [`checkers`]: one checker per guarantee over a history (pure).
+//! - `harness` (simulation builds): one run of one seed.
+
+pub mod checkers;
+#[cfg(madsim)]
+pub mod harness;
+pub mod history;
+pub mod scenario;
 
 #[cfg(test)]
 mod tests {

@@ -138,7 +138,11 @@ impl PartitionState {
         if let Err(rejection) = self.validate_batch(records) {
             return Ok(Err(rejection));
         }
-        if let Some(batch) = producer {
+        #[cfg(madsim)]
+        let check = !crate::planted::is_planted(crate::planted::Bug::NoIdempotence);
+        #[cfg(not(madsim))]
+        let check = true;
+        if let Some(batch) = producer.filter(|_| check) {
             match self.check_sequence(batch) {
                 Err(rejection) => return Ok(Err(rejection)),
                 Ok(Some(original)) => {
@@ -261,6 +265,12 @@ impl PartitionState {
         let group = GroupName::new(group)?;
         let member_id = MemberId::new(member)?;
         let claim = self.groups.get(&group).and_then(|g| g.claim.as_ref());
+        // Planted: every commit looks as if its own member held the claim.
+        #[cfg(madsim)]
+        let fenceless = Claim { generation, member: member_id.clone() };
+        #[cfg(madsim)]
+        let claim =
+            if crate::planted::is_planted(crate::planted::Bug::CommitWithoutFence) { Some(&fenceless) } else { claim };
         match claim {
             Some(current) if current.generation > generation => {
                 return Err(PartitionRejection::Fenced { group, generation, current: current.generation });
@@ -271,11 +281,19 @@ impl PartitionState {
         let Some(position) = offset.0.checked_add(1).map(Offset) else {
             return Err(PartitionRejection::CommitBeyondHighWatermark { offset, high_watermark: self.high_watermark });
         };
-        if position > self.high_watermark {
+        #[cfg(madsim)]
+        if position > self.high_watermark && crate::planted::is_planted(crate::planted::Bug::PanicOnBadCommit) {
+            panic!("planted poison pill: commit of {offset} beyond the high watermark {}", self.high_watermark);
+        }
+        #[cfg(madsim)]
+        let checked = !crate::planted::is_planted(crate::planted::Bug::CommitUnchecked);
+        #[cfg(not(madsim))]
+        let checked = true;
+        if checked && position > self.high_watermark {
             return Err(PartitionRejection::CommitBeyondHighWatermark { offset, high_watermark: self.high_watermark });
         }
-        let entry = self.groups.get_mut(&group).expect("a claimed group has an entry");
-        if let Some(current) = entry.position {
+        let entry = self.groups.entry(group.clone()).or_default();
+        if let Some(current) = entry.position.filter(|_| checked) {
             if position < current {
                 return Err(PartitionRejection::CommitBackwards { offset, position: current });
             }

@@ -158,11 +158,11 @@ impl GroupStateMachine {
                         }
                         EntryPayload::Normal(request) => match (&mut *state, &request.command) {
                             (GroupState::Metadata(metadata), Command::Metadata(command)) => {
-                                Response::Metadata(metadata.apply(request.at, command))
+                                Response::Metadata(metadata.apply(applied_at(&request), command))
                             }
                             (GroupState::Partition(partition), Command::Partition(command)) => {
                                 let mut log = RecordWriter { table: &mut records, group };
-                                Response::Partition(partition.apply(&mut log, request.at, command)?)
+                                Response::Partition(partition.apply(&mut log, applied_at(&request), command)?)
                             }
                             _ => Response::WrongGroup,
                         },
@@ -352,4 +352,15 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
         self.current().map_err(snapshot_error(ErrorVerb::Read))
     }
+}
+
+/// The time a command applies with: the leader's stamp (G7). In simulation
+/// builds the planted bug `WallClockApply` reads this replica's clock
+/// instead, which the simulation must catch.
+fn applied_at(request: &crate::raft::types::Request) -> keel_core::TimestampMs {
+    #[cfg(madsim)]
+    if keel_core::planted::is_planted(keel_core::planted::Bug::WallClockApply) {
+        return crate::clock::Clock::system().now();
+    }
+    request.at
 }

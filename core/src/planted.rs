@@ -1,0 +1,78 @@
+//! Planted bugs, for the simulation's negative controls: each checker must
+//! catch the bug it exists for. Exists only in simulation builds
+//! (`--cfg madsim`); production code cannot turn a bug on.
+//!
+//! The switch is per thread: madsim runs a whole simulated cluster on the
+//! thread that calls `block_on`, so a run with a planted bug never leaks
+//! into another run of the same test process.
+
+use std::cell::Cell;
+
+/// A bug the simulation can plant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Bug {
+    /// Partition commit skips the claim check (the G5 fence).
+    CommitWithoutFence,
+    /// Partition append skips the idempotent-producer check (G8).
+    NoIdempotence,
+    /// State machines apply with the replica's own clock instead of the
+    /// leader's stamped time (G6, G2, G7).
+    WallClockApply,
+    /// Partition commit skips the backwards and high-watermark checks (G4).
+    CommitUnchecked,
+    /// Partition apply panics on a commit beyond the high watermark: a
+    /// poison pill (G7).
+    PanicOnBadCommit,
+    /// The consumer library hands on records it already delivered in this
+    /// session, out of order (G3).
+    ConsumerNoOrderFilter,
+    /// The coordinator never expires silent members, so a crashed member's
+    /// partitions are never handed on (L1).
+    NeverExpireMembers,
+}
+
+impl Bug {
+    /// Every bug, in a fixed order.
+    pub const ALL: [Bug; 7] = [
+        Bug::CommitWithoutFence,
+        Bug::NoIdempotence,
+        Bug::WallClockApply,
+        Bug::CommitUnchecked,
+        Bug::PanicOnBadCommit,
+        Bug::ConsumerNoOrderFilter,
+        Bug::NeverExpireMembers,
+    ];
+
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bug::CommitWithoutFence => "commit-without-fence",
+            Bug::NoIdempotence => "no-idempotence",
+            Bug::WallClockApply => "wall-clock-apply",
+            Bug::CommitUnchecked => "commit-unchecked",
+            Bug::PanicOnBadCommit => "panic-on-bad-commit",
+            Bug::ConsumerNoOrderFilter => "consumer-no-order-filter",
+            Bug::NeverExpireMembers => "never-expire-members",
+        }
+    }
+}
+
+impl Bug {
+    fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
+}
+
+thread_local! {
+    static PLANTED: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Plant exactly `bugs` for runs on this thread (empty: none).
+pub fn plant(bugs: &[Bug]) {
+    PLANTED.with(|planted| planted.set(bugs.iter().fold(0, |bits, bug| bits | bug.bit())));
+}
+
+/// Whether `bug` is planted on this thread.
+pub fn is_planted(bug: Bug) -> bool {
+    PLANTED.with(|planted| planted.get() & bug.bit() != 0)
+}

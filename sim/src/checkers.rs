@@ -1,0 +1,438 @@
+//! The checkers: one per guarantee, each a pure function of the recorded
+//! history (see `ARCHITECTURE.md` for G1-G8 and L1). They report at most a
+//! few violations each, with enough detail to find the events.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::history::{Event, EventKind, Seen};
+
+/// A guarantee the simulation checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Guarantee {
+    G1,
+    G2,
+    G3,
+    G4,
+    G5,
+    G6,
+    G7,
+    G8,
+    L1,
+}
+
+impl fmt::Display for Guarantee {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = match self {
+            Guarantee::G1 => "G1 lost write",
+            Guarantee::G2 => "G2 inconsistent offsets",
+            Guarantee::G3 => "G3 order",
+            Guarantee::G4 => "G4 committed offsets",
+            Guarantee::G5 => "G5 fencing",
+            Guarantee::G6 => "G6 replica agreement",
+            Guarantee::G7 => "G7 node failure",
+            Guarantee::G8 => "G8 idempotence",
+            Guarantee::L1 => "L1 liveness",
+        };
+        f.write_str(name)
+    }
+}
+
+/// One broken guarantee.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    pub guarantee: Guarantee,
+    pub message: String,
+}
+
+/// What the checkers found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Verdict {
+    pub violations: Vec<Violation>,
+    /// Records delivered to consumers more than once (allowed).
+    pub duplicates: u64,
+    /// Records acknowledged to producers.
+    pub acknowledged: u64,
+    /// Client operations invoked (produce, ack).
+    pub operations: u64,
+}
+
+/// Most violations reported per guarantee.
+const REPORTED_MAX: usize = 5;
+
+struct Findings {
+    violations: Vec<Violation>,
+    per_guarantee: BTreeMap<Guarantee, usize>,
+}
+
+impl Findings {
+    fn add(&mut self, guarantee: Guarantee, message: String) {
+        let count = self.per_guarantee.entry(guarantee).or_default();
+        *count += 1;
+        if *count <= REPORTED_MAX {
+            self.violations.push(Violation { guarantee, message });
+        }
+    }
+}
+
+type Partition = (String, u32);
+
+/// Run every checker over `events`.
+pub fn check(events: &[Event]) -> Verdict {
+    let mut findings = Findings { violations: Vec::new(), per_guarantee: BTreeMap::new() };
+    let canonical = canonical_logs(events, &mut findings);
+    let acked = acknowledged(events);
+    lost_writes(&acked, &canonical, &mut findings);
+    one_record_per_offset(events, &mut findings);
+    order(events, &mut findings);
+    committed_offsets(events, &mut findings);
+    fencing(events, &mut findings);
+    node_failures(events, &mut findings);
+    no_duplicate_appends(&canonical, &mut findings);
+    let duplicates = liveness(events, &acked, &mut findings);
+    let operations = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::ProduceInvoke { .. } | EventKind::AckInvoke { .. }))
+        .count() as u64;
+    let acknowledged = acked.iter().map(|a| a.values.len() as u64).sum();
+    Verdict { violations: findings.violations, duplicates, acknowledged, operations }
+}
+
+/// An acknowledged produce: where its records must be.
+struct Acked {
+    partition: Partition,
+    base_offset: u64,
+    values: Vec<String>,
+    producer: u64,
+}
+
+fn acknowledged(events: &[Event]) -> Vec<Acked> {
+    let mut invoked = BTreeMap::new();
+    let mut acked = Vec::new();
+    for event in events {
+        match &event.kind {
+            EventKind::ProduceInvoke { op, producer, topic, partition, values } => {
+                invoked.insert(*op, ((topic.clone(), *partition), values.clone(), *producer));
+            }
+            EventKind::ProduceOk { op, base_offset, .. } => {
+                if let Some((partition, values, producer)) = invoked.get(op) {
+                    acked.push(Acked {
+                        partition: partition.clone(),
+                        base_offset: *base_offset,
+                        values: values.clone(),
+                        producer: *producer,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    acked
+}
+
+/// G6: per partition, every replica's log must be a prefix of the longest
+/// one, which is the canonical committed log.
+fn canonical_logs(events: &[Event], findings: &mut Findings) -> BTreeMap<Partition, Vec<Seen>> {
+    let mut replicas: BTreeMap<Partition, Vec<(u64, &Vec<Seen>)>> = BTreeMap::new();
+    for event in events {
+        if let EventKind::ReplicaLog { broker, topic, partition, records, .. } = &event.kind {
+            replicas.entry((topic.clone(), *partition)).or_default().push((*broker, records));
+        }
+    }
+    let mut canonical = BTreeMap::new();
+    for (partition, logs) in replicas {
+        let longest = logs.iter().max_by_key(|(broker, log)| (log.len(), std::cmp::Reverse(*broker))).map(|l| l.1);
+        let longest = longest.cloned().unwrap_or_default();
+        for (broker, log) in &logs {
+            if let Some((index, (mine, theirs))) =
+                log.iter().zip(&longest).enumerate().find(|(_, (mine, theirs))| mine != theirs)
+            {
+                findings.add(
+                    Guarantee::G6,
+                    format!(
+                        "{}/{}: broker {broker}'s log differs from the committed log at position {index}: {mine:?} vs {theirs:?}",
+                        partition.0, partition.1
+                    ),
+                );
+            }
+        }
+        canonical.insert(partition, longest);
+    }
+    canonical
+}
+
+/// G1: every acknowledged record is in the committed log where its
+/// acknowledgement said.
+fn lost_writes(acked: &[Acked], canonical: &BTreeMap<Partition, Vec<Seen>>, findings: &mut Findings) {
+    for produce in acked {
+        let log = canonical.get(&produce.partition);
+        for (i, value) in produce.values.iter().enumerate() {
+            let offset = produce.base_offset + i as u64;
+            let found = log.and_then(|log| log.iter().find(|r| r.offset == offset));
+            if found.map(|r| &r.value) != Some(value) {
+                findings.add(
+                    Guarantee::G1,
+                    format!(
+                        "acknowledged record {value:?} at {}/{} offset {offset} is not in the committed log (found {:?})",
+                        produce.partition.0,
+                        produce.partition.1,
+                        found.map(|r| &r.value)
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// G2: every observation of (partition, offset), by consumers and in the
+/// replicas' logs, is the same record with the same append time.
+fn one_record_per_offset(events: &[Event], findings: &mut Findings) {
+    let mut seen: BTreeMap<(String, u32, u64), (String, u64, String)> = BTreeMap::new();
+    let mut observe = |topic: &str, partition: u32, record: &Seen, who: String, findings: &mut Findings| {
+        let key = (topic.to_string(), partition, record.offset);
+        match seen.get(&key) {
+            Some((value, time, first)) if *value != record.value || *time != record.append_time_ms => {
+                findings.add(
+                    Guarantee::G2,
+                    format!(
+                        "{topic}/{partition} offset {}: {first} saw {value:?} appended at {time}, {who} saw {:?} appended at {}",
+                        record.offset, record.value, record.append_time_ms
+                    ),
+                );
+            }
+            Some(_) => {}
+            None => {
+                seen.insert(key, (record.value.clone(), record.append_time_ms, who));
+            }
+        }
+    };
+    for event in events {
+        match &event.kind {
+            EventKind::PollOk { member, topic, partition, records, .. } => {
+                for record in records {
+                    observe(topic, *partition, record, format!("member {member}"), findings);
+                }
+            }
+            EventKind::ReplicaLog { broker, topic, partition, records, .. } => {
+                for record in records {
+                    observe(topic, *partition, record, format!("broker {broker}"), findings);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// G3: within one member session (member, generation) the offsets polled
+/// from a partition strictly increase; one producer's acknowledged batches
+/// to a partition sit in the order it sent them.
+fn order(events: &[Event], findings: &mut Findings) {
+    let mut last_polled: BTreeMap<(String, u64, String, u32), u64> = BTreeMap::new();
+    let mut invoked = BTreeMap::new();
+    let mut last_produced: BTreeMap<(u64, String, u32), u64> = BTreeMap::new();
+    for event in events {
+        match &event.kind {
+            EventKind::PollOk { member, generation, topic, partition, records, .. } => {
+                for record in records {
+                    let key = (member.clone(), *generation, topic.clone(), *partition);
+                    if let Some(last) = last_polled.get(&key) {
+                        if record.offset <= *last {
+                            findings.add(
+                                Guarantee::G3,
+                                format!(
+                                    "member {member} generation {generation} polled {topic}/{partition} offset {} after offset {last}",
+                                    record.offset
+                                ),
+                            );
+                        }
+                    }
+                    last_polled.insert(key, record.offset);
+                }
+            }
+            EventKind::ProduceInvoke { op, producer, topic, partition, .. } => {
+                invoked.insert(*op, (*producer, topic.clone(), *partition));
+            }
+            EventKind::ProduceOk { op, base_offset, .. } => {
+                if let Some(key) = invoked.get(op) {
+                    if let Some(last) = last_produced.get(key) {
+                        if *base_offset <= *last {
+                            findings.add(
+                                Guarantee::G3,
+                                format!(
+                                    "producer {} batch at {}/{} offset {base_offset} landed before its earlier batch at {last}",
+                                    key.0, key.1, key.2
+                                ),
+                            );
+                        }
+                    }
+                    last_produced.insert(key.clone(), *base_offset);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// G4: a group's committed position never goes backwards on a replica
+/// (within one run of that broker) and never passes the high watermark;
+/// a hostile ack (backwards or past the high watermark) never succeeds.
+fn committed_offsets(events: &[Event], findings: &mut Findings) {
+    let mut last: BTreeMap<(u64, u64, String, u32, String), u64> = BTreeMap::new();
+    let mut hostile = BTreeMap::new();
+    for event in events {
+        match &event.kind {
+            EventKind::PositionSample { broker, incarnation, topic, partition, group, position, high_watermark } => {
+                if position > high_watermark {
+                    findings.add(
+                        Guarantee::G4,
+                        format!(
+                            "broker {broker}: group {group} position {position} on {topic}/{partition} is past the high watermark {high_watermark}"
+                        ),
+                    );
+                }
+                let key = (*broker, *incarnation, topic.clone(), *partition, group.clone());
+                if let Some(previous) = last.get(&key) {
+                    if position < previous {
+                        findings.add(
+                            Guarantee::G4,
+                            format!(
+                                "broker {broker}: group {group} position on {topic}/{partition} went back from {previous} to {position}"
+                            ),
+                        );
+                    }
+                }
+                last.insert(key, *position);
+            }
+            EventKind::AckInvoke { op, member, topic, partition, offset, hostile: true, .. } => {
+                hostile.insert(*op, format!("member {member}'s hostile ack of {topic}/{partition} offset {offset}"));
+            }
+            EventKind::AckOk { op, position } => {
+                if let Some(what) = hostile.get(op) {
+                    findings.add(Guarantee::G4, format!("{what} succeeded (position {position})"));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// G5: once a member of generation g has polled a partition (which claims
+/// it), no poll or ack of an older generation invoked later succeeds.
+fn fencing(events: &[Event], findings: &mut Findings) {
+    // Per partition: the earliest completion time of a poll per generation.
+    let mut claimed: BTreeMap<Partition, BTreeMap<u64, u64>> = BTreeMap::new();
+    let mut acks = BTreeMap::new();
+    let check = |partition: &Partition,
+                 generation: u64,
+                 invoked_at: u64,
+                 what: String,
+                 claimed: &BTreeMap<Partition, BTreeMap<u64, u64>>,
+                 findings: &mut Findings| {
+        let newer = claimed.get(partition).and_then(|claims| {
+            claims.range(generation + 1..).find(|(_, claimed_at)| **claimed_at < invoked_at).map(|(g, t)| (*g, *t))
+        });
+        if let Some((newer, at)) = newer {
+            findings.add(
+                Guarantee::G5,
+                format!(
+                    "{what} of generation {generation} on {}/{} succeeded although generation {newer} claimed it at {at} ms",
+                    partition.0, partition.1
+                ),
+            );
+        }
+    };
+    for event in events {
+        match &event.kind {
+            EventKind::PollOk { member, generation, topic, partition, invoked_at_ms, .. } => {
+                let key = (topic.clone(), *partition);
+                check(&key, *generation, *invoked_at_ms, format!("a poll by {member}"), &claimed, findings);
+                claimed.entry(key).or_default().entry(*generation).or_insert(event.at_ms);
+            }
+            EventKind::AckInvoke { op, member, generation, topic, partition, .. } => {
+                acks.insert(*op, ((topic.clone(), *partition), *generation, event.at_ms, member.clone()));
+            }
+            EventKind::AckOk { op, .. } => {
+                if let Some((partition, generation, invoked_at, member)) = acks.get(op) {
+                    check(partition, *generation, *invoked_at, format!("an ack by {member}"), &claimed, findings);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// G7: no node panicked or failed fatally. A disk that does not reopen
+/// after a power cut lost what it acknowledged (G1).
+fn node_failures(events: &[Event], findings: &mut Findings) {
+    for event in events {
+        match &event.kind {
+            EventKind::NodeFailure { broker, reason } => {
+                findings.add(Guarantee::G7, format!("broker {broker} failed: {reason}"))
+            }
+            EventKind::DiskLost { broker, reason } => findings
+                .add(Guarantee::G1, format!("broker {broker}'s disk did not reopen after a power cut: {reason}")),
+            _ => {}
+        }
+    }
+}
+
+/// G8: no record (all values are unique per produce) sits at two offsets.
+fn no_duplicate_appends(canonical: &BTreeMap<Partition, Vec<Seen>>, findings: &mut Findings) {
+    for (partition, log) in canonical {
+        let mut at: BTreeMap<&str, u64> = BTreeMap::new();
+        for record in log {
+            if let Some(first) = at.insert(&record.value, record.offset) {
+                findings.add(
+                    Guarantee::G8,
+                    format!(
+                        "record {:?} was appended twice to {}/{}: offsets {first} and {}",
+                        record.value, partition.0, partition.1, record.offset
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// L1: the liveness phase ended in time with the group settled, and every
+/// acknowledged record was delivered to a consumer. Returns the number of
+/// duplicate deliveries.
+fn liveness(events: &[Event], acked: &[Acked], findings: &mut Findings) -> u64 {
+    let mut delivered = BTreeSet::new();
+    let mut duplicates = 0;
+    for event in events {
+        match &event.kind {
+            EventKind::PollOk { records, .. } => {
+                for record in records {
+                    if !delivered.insert(record.value.clone()) {
+                        duplicates += 1;
+                    }
+                }
+            }
+            EventKind::LivenessTimeout { missing } => {
+                findings
+                    .add(Guarantee::L1, format!("{missing} acknowledged records were still unconsumed at the bound"));
+            }
+            EventKind::GroupSettled { unassigned, .. } if !unassigned.is_empty() => {
+                findings.add(Guarantee::L1, format!("the group did not settle: {unassigned:?} unassigned"));
+            }
+            _ => {}
+        }
+    }
+    let missing: Vec<&String> =
+        acked.iter().flat_map(|a| &a.values).filter(|value| !delivered.contains(*value)).collect();
+    if !missing.is_empty() {
+        findings.add(
+            Guarantee::L1,
+            format!(
+                "{} acknowledged records were never consumed, e.g. {:?} (producer {})",
+                missing.len(),
+                missing[0],
+                acked.iter().find(|a| a.values.contains(missing[0])).map_or(0, |a| a.producer)
+            ),
+        );
+    }
+    duplicates
+}

@@ -1,0 +1,984 @@
+//! One simulated run: the real broker code on madsim hosts, real client
+//! library on client hosts, faults from the seed, and the history the
+//! checkers read. Simulation builds only.
+//!
+//! Fault bounds, and why every guarantee must still hold under them:
+//! - Every disk honours fsync: a power cut loses only unsynced writes (kept,
+//!   dropped or torn per sector, chosen by the seed). The node-fault lane
+//!   takes down (crashes or pauses) one broker at a time, so every Raft
+//!   group (replication factor 3) keeps a majority whose disks kept every
+//!   entry they acknowledged. Network faults can stack on top: they cut
+//!   brokers off but never touch disks, so they may stall a group but never
+//!   cost it data.
+//! - The lying disk (a negative control) breaks the first bound on purpose.
+//! - Clock faults skew and jump each broker's own clock; the simulation's
+//!   global time (timeouts, elections) is untouched, as on real machines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keel_client::pb;
+use keel_client::{Client, Consumer, Producer, RetryPolicy};
+use keel_core::planted::Bug;
+use keel_core::{PartitionIndex, TopicName, TopicPartition};
+use keel_server::clock::{Clock, Skew};
+use keel_server::group::GroupId;
+use keel_server::node::{Node, NodeConfig};
+use keel_server::storage::crash_disk::CrashDisk;
+use keel_server::storage::NodeStore;
+use madsim::net::NetSim;
+use madsim::rand::Rng;
+use madsim::runtime::{Handle, Runtime};
+use madsim::task::NodeId as HostId;
+use madsim::time::Instant;
+
+use crate::checkers::{check, Verdict};
+use crate::history::{trace_hash, EventKind, Recorder, Seen};
+use crate::scenario::{FaultKind, Scenario};
+
+/// A deliberate bug, for the negative controls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plant {
+    /// Disks acknowledge fsync without making anything durable: every
+    /// acknowledged write is at the mercy of the next crash (G1).
+    LyingDisk,
+    /// A bug planted in the broker, the state machines or the client.
+    Bug(Bug),
+}
+
+impl Plant {
+    pub fn name(self) -> &'static str {
+        match self {
+            Plant::LyingDisk => "lying-disk",
+            Plant::Bug(bug) => bug.name(),
+        }
+    }
+
+    pub fn all() -> Vec<Plant> {
+        std::iter::once(Plant::LyingDisk).chain(Bug::ALL.iter().map(|b| Plant::Bug(*b))).collect()
+    }
+
+    pub fn parse(name: &str) -> Option<Plant> {
+        Plant::all().into_iter().find(|p| p.name() == name)
+    }
+
+    /// The guarantee whose checker exists to catch this bug.
+    pub fn caught_by(self) -> crate::checkers::Guarantee {
+        use crate::checkers::Guarantee::*;
+        match self {
+            Plant::LyingDisk => G1,
+            Plant::Bug(Bug::WallClockApply) => G6,
+            Plant::Bug(Bug::ConsumerNoOrderFilter) => G3,
+            Plant::Bug(Bug::CommitUnchecked) => G4,
+            Plant::Bug(Bug::CommitWithoutFence) => G5,
+            Plant::Bug(Bug::PanicOnBadCommit) => G7,
+            Plant::Bug(Bug::NoIdempotence) => G8,
+            Plant::Bug(Bug::NeverExpireMembers) => L1,
+        }
+    }
+
+    /// Faults the bug needs to show.
+    fn needs(self) -> &'static [FaultKind] {
+        match self {
+            Plant::LyingDisk => &[FaultKind::Crash, FaultKind::LeaderCrash],
+            Plant::Bug(Bug::NoIdempotence) => &[FaultKind::PacketLoss, FaultKind::LeaderCrash, FaultKind::Delay],
+            Plant::Bug(Bug::ConsumerNoOrderFilter) => &[FaultKind::LeaderCrash],
+            Plant::Bug(Bug::CommitWithoutFence) => &[FaultKind::ConsumerPause],
+            Plant::Bug(Bug::NeverExpireMembers) => &[FaultKind::ConsumerCrash],
+            Plant::Bug(_) => &[],
+        }
+    }
+}
+
+/// How to run a seed.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunOptions {
+    /// Enable every fault kind (otherwise the seed draws a swarm subset).
+    pub all_faults: bool,
+    pub plant: Option<Plant>,
+}
+
+/// Everything a run produced.
+pub struct RunReport {
+    pub scenario: Scenario,
+    pub events: Vec<crate::history::Event>,
+    pub verdict: Verdict,
+    pub trace_hash: u64,
+    pub simulated_ms: u64,
+    /// Faults injected, per kind.
+    pub faults: BTreeMap<String, u64>,
+}
+
+/// The scenario a run of `seed` with `options` uses.
+pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
+    let mut scenario = Scenario::from_seed(seed, options.all_faults);
+    if let Some(plant) = options.plant {
+        scenario.enable(plant.needs());
+        // Make the trigger frequent.
+        scenario.fault_interval_ms = 800;
+        if plant == Plant::Bug(Bug::CommitUnchecked) || plant == Plant::Bug(Bug::PanicOnBadCommit) {
+            scenario.hostile_ack_every = 3;
+        }
+    }
+    scenario
+}
+
+/// Run one seed to its verdict.
+pub fn run_seed(seed: u64, options: RunOptions) -> RunReport {
+    let scenario = scenario_for(seed, options);
+    let bugs: Vec<Bug> = match options.plant {
+        Some(Plant::Bug(bug)) => vec![bug],
+        _ => Vec::new(),
+    };
+    keel_core::planted::plant(&bugs);
+    let recorder = Recorder::default();
+    let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
+    // A backstop: the driver bounds every phase itself.
+    runtime.set_time_limit(Duration::from_millis(scenario.safety_ms + scenario.liveness_ms + 120_000));
+    let lying = options.plant == Some(Plant::LyingDisk);
+    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        runtime.block_on(simulate(scenario.clone(), recorder.clone(), lying))
+    }));
+    keel_core::planted::plant(&[]);
+    let simulated_ms = match outcome {
+        Ok(ms) => ms,
+        Err(panic) => {
+            let reason = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".to_string());
+            let last = recorder.events().last().map_or(0, |e| e.at_ms);
+            recorder.record(last, "driver", EventKind::NodeFailure { broker: 0, reason: format!("panic: {reason}") });
+            last
+        }
+    };
+    let events = recorder.events();
+    let verdict = check(&events);
+    let mut faults = BTreeMap::new();
+    for event in &events {
+        if let EventKind::Fault { kind, .. } = &event.kind {
+            *faults.entry(kind.clone()).or_insert(0) += 1;
+        }
+    }
+    RunReport { trace_hash: trace_hash(&events), scenario, events, verdict, simulated_ms, faults }
+}
+
+fn broker_address(id: u64) -> SocketAddr {
+    SocketAddr::new(IpAddr::from([10, 0, 0, id as u8]), 7000)
+}
+
+/// One simulated broker: its disk and clock survive restarts.
+#[derive(Clone)]
+struct SimBroker {
+    id: u64,
+    host: HostId,
+    disk: Arc<Mutex<CrashDisk>>,
+    node: Arc<Mutex<Option<Node>>>,
+    clock: Clock,
+    incarnation: Arc<AtomicU64>,
+}
+
+impl SimBroker {
+    fn node(&self) -> Option<Node> {
+        self.node.lock().expect("node slot").clone()
+    }
+}
+
+/// Shared state of one run.
+#[derive(Clone)]
+struct World {
+    scenario: Arc<Scenario>,
+    recorder: Recorder,
+    start: Instant,
+    brokers: Vec<SimBroker>,
+    producer_hosts: Vec<HostId>,
+    consumer_hosts: Vec<HostId>,
+    /// Producers that have sent all their batches.
+    producers_done: Arc<AtomicU64>,
+    /// Links clogged by the network lane: (from, to).
+    clogged: Arc<Mutex<BTreeSet<(HostId, HostId)>>>,
+}
+
+impl World {
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn record(&self, process: &str, kind: EventKind) {
+        self.recorder.record(self.now_ms(), process, kind);
+    }
+
+    fn client(&self) -> Client {
+        let brokers = (1..=self.scenario.brokers).map(|id| broker_address(id).to_string()).collect();
+        let policy = RetryPolicy {
+            deadline: Duration::from_secs(8),
+            backoff_initial: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(500),
+            request_timeout: Duration::from_secs(2),
+        };
+        Client::new(brokers, policy).expect("broker addresses")
+    }
+
+    fn live_nodes(&self) -> Vec<Node> {
+        self.brokers.iter().filter_map(SimBroker::node).collect()
+    }
+}
+
+/// Start a broker host whose init opens its disk and starts the node.
+fn start_broker(
+    handle: &Handle,
+    id: u64,
+    scenario: &Scenario,
+    recorder: Recorder,
+    start: Instant,
+    lying: bool,
+) -> SimBroker {
+    let voters: BTreeMap<u64, String> = (1..=scenario.brokers).map(|b| (b, broker_address(b).to_string())).collect();
+    let disk = if lying { CrashDisk::new_lying() } else { CrashDisk::new() };
+    let slot = BrokerSlot {
+        disk: Arc::new(Mutex::new(disk)),
+        node: Arc::new(Mutex::new(None)),
+        clock: Clock::system(),
+        incarnation: Arc::new(AtomicU64::new(0)),
+    };
+    let init_slot = slot.clone();
+    let host = handle
+        .create_node()
+        .name(format!("broker-{id}"))
+        .ip(broker_address(id).ip())
+        .init(move || {
+            let (slot, voters, recorder) = (init_slot.clone(), voters.clone(), recorder.clone());
+            async move {
+                slot.incarnation.fetch_add(1, Ordering::SeqCst);
+                let disk = slot.disk.lock().expect("disk").clone();
+                let opened = std::panic::catch_unwind(AssertUnwindSafe(|| NodeStore::open_with_backend(disk)));
+                let store = match opened {
+                    Ok(Ok(store)) => store,
+                    failed => {
+                        let reason = match failed {
+                            Ok(Err(error)) => error.to_string(),
+                            _ => "redb panicked while opening it".to_string(),
+                        };
+                        let at = start.elapsed().as_millis() as u64;
+                        recorder.record(at, &format!("broker-{id}"), EventKind::DiskLost { broker: id, reason });
+                        // Carry on with an empty disk, as an operator would.
+                        let fresh = if lying { CrashDisk::new_lying() } else { CrashDisk::new() };
+                        *slot.disk.lock().expect("disk") = fresh.clone();
+                        NodeStore::open_with_backend(fresh).expect("an empty disk opens")
+                    }
+                };
+                let address = broker_address(id);
+                let config = NodeConfig::new(id, address, address.to_string(), voters);
+                match Node::start(config, store, slot.clock.clone()).await {
+                    Ok(node) => *slot.node.lock().expect("node slot") = Some(node),
+                    Err(error) => {
+                        let at = start.elapsed().as_millis() as u64;
+                        recorder.record(
+                            at,
+                            &format!("broker-{id}"),
+                            EventKind::NodeFailure { broker: id, reason: format!("did not start: {error}") },
+                        );
+                    }
+                }
+                std::future::pending::<()>().await;
+            }
+        })
+        .build();
+    SimBroker {
+        id,
+        host: host.id(),
+        disk: slot.disk,
+        node: slot.node,
+        clock: slot.clock,
+        incarnation: slot.incarnation,
+    }
+}
+
+/// What a broker host's init needs: the parts of a broker that outlive
+/// its restarts.
+#[derive(Clone)]
+struct BrokerSlot {
+    disk: Arc<Mutex<CrashDisk>>,
+    node: Arc<Mutex<Option<Node>>>,
+    clock: Clock,
+    incarnation: Arc<AtomicU64>,
+}
+
+/// The whole run; returns the simulated milliseconds it took.
+async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
+    let handle = Handle::current();
+    let start = Instant::now();
+    let brokers: Vec<SimBroker> =
+        (1..=scenario.brokers).map(|id| start_broker(&handle, id, &scenario, recorder.clone(), start, lying)).collect();
+    let scenario = Arc::new(scenario);
+    let mut world = World {
+        scenario: scenario.clone(),
+        recorder: recorder.clone(),
+        start,
+        brokers,
+        producer_hosts: Vec::new(),
+        consumer_hosts: Vec::new(),
+        producers_done: Arc::new(AtomicU64::new(0)),
+        clogged: Arc::new(Mutex::new(BTreeSet::new())),
+    };
+    world.record("driver", EventKind::Phase { name: "setup".into() });
+    // The driver's own host has no address: client calls run on an admin host.
+    let admin = handle.create_node().name("admin").ip(IpAddr::from([10, 0, 3, 1])).build();
+    world.producer_hosts.push(admin.id());
+    let w = world.clone();
+    admin.spawn(async move { setup_topics(&w).await }).await.expect("setup runs");
+
+    world.record("driver", EventKind::Phase { name: "safety".into() });
+    for p in 0..scenario.producers {
+        let host = handle.create_node().name(format!("producer-{p}")).ip(IpAddr::from([10, 0, 1, p as u8 + 1])).build();
+        world.producer_hosts.push(host.id());
+        let w = world.clone();
+        host.spawn(async move { produce(w, p).await });
+    }
+    let consumer_incarnations = Arc::new(AtomicU64::new(0));
+    for c in 0..scenario.consumers {
+        let (w, incarnations) = (world.clone(), consumer_incarnations.clone());
+        let host = handle
+            .create_node()
+            .name(format!("consumer-{c}"))
+            .ip(IpAddr::from([10, 0, 2, c as u8 + 1]))
+            .init(move || {
+                let world = w.clone();
+                let incarnation = incarnations.fetch_add(1, Ordering::SeqCst);
+                async move { consume(world, c, incarnation).await }
+            })
+            .build();
+        world.consumer_hosts.push(host.id());
+    }
+    let sampler = {
+        let w = world.clone();
+        madsim::task::spawn(async move { sample_positions(w).await })
+    };
+
+    let safety_over = Arc::new(AtomicBool::new(false));
+    let lanes: Vec<_> = [lane_nodes as LaneFn, lane_network, lane_clocks, lane_clients]
+        .into_iter()
+        .map(|lane| {
+            let (w, over) = (world.clone(), safety_over.clone());
+            madsim::task::spawn(async move { lane(w, over).await })
+        })
+        .collect();
+    madsim::time::sleep(Duration::from_millis(scenario.safety_ms)).await;
+    safety_over.store(true, Ordering::SeqCst);
+    for lane in lanes {
+        let _ = lane.await;
+    }
+
+    world.record("driver", EventKind::Phase { name: "liveness".into() });
+    heal_everything(&world);
+    let w = world.clone();
+    admin.spawn(async move { await_liveness(&w).await }).await.expect("the liveness check runs");
+    sampler.abort();
+    world.record("driver", EventKind::Phase { name: "final".into() });
+    final_reads(&world).await;
+    world.now_ms()
+}
+
+async fn setup_topics(world: &World) {
+    let client = world.client();
+    // Every broker registers itself on the metadata leader first.
+    loop {
+        if let Ok(cluster) = client.describe_cluster().await {
+            if cluster.brokers.len() as u64 == world.scenario.brokers && cluster.metadata_leader != 0 {
+                break;
+            }
+        }
+        madsim::time::sleep(Duration::from_millis(100)).await;
+    }
+    for topic in &world.scenario.topics {
+        let request = pb::CreateTopicRequest {
+            topic: topic.name.clone(),
+            partitions: topic.partitions,
+            replication_factor: topic.replication_factor,
+            ..Default::default()
+        };
+        while client.create_topic(request.clone()).await.is_err() {
+            // AlreadyExists after a lost reply is fine too.
+            if client.describe_topic(&topic.name).await.is_ok() {
+                break;
+            }
+            madsim::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// One idempotent producer: batches of uniquely valued records.
+async fn produce(world: World, p: u32) {
+    let process = format!("producer-{p}");
+    let client = world.client();
+    let mut rng = madsim::rand::thread_rng();
+    let mut producer = loop {
+        match Producer::new(client.clone(), u64::from(p)).await {
+            Ok(producer) => break producer,
+            Err(_) => madsim::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let scenario = &world.scenario;
+    for b in 0..scenario.batches_per_producer {
+        let topic = &scenario.topics[rng.gen_range(0..scenario.topics.len())];
+        let partition = rng.gen_range(0..topic.partitions);
+        let count = rng.gen_range(1..=scenario.batch_records_max);
+        let values: Vec<String> = (0..count).map(|r| format!("p{p}-b{b}-r{r}")).collect();
+        let records =
+            values.iter().map(|v| pb::Record { value: v.clone().into_bytes(), ..Default::default() }).collect();
+        let op = world.recorder.op();
+        world.record(
+            &process,
+            EventKind::ProduceInvoke {
+                op,
+                producer: producer.producer_id(),
+                topic: topic.name.clone(),
+                partition,
+                values,
+            },
+        );
+        match producer.send_to(&topic.name, partition, records).await {
+            Ok(sent) => world.record(
+                &process,
+                EventKind::ProduceOk {
+                    op,
+                    base_offset: sent.base_offset,
+                    count: sent.count,
+                    duplicate: sent.duplicate,
+                },
+            ),
+            Err(error) => world.record(&process, EventKind::ProduceFail { op, error: error.to_string() }),
+        }
+        madsim::time::sleep(Duration::from_millis(scenario.produce_interval_ms)).await;
+    }
+    world.producers_done.fetch_add(1, Ordering::SeqCst);
+}
+
+fn seen(record: &pb::StoredRecord) -> Seen {
+    Seen {
+        offset: record.offset,
+        value: String::from_utf8_lossy(&record.record.as_ref().map(|r| r.value.clone()).unwrap_or_default())
+            .to_string(),
+        append_time_ms: record.append_time_ms,
+    }
+}
+
+/// One consumer-group member: poll, "process", ack; now and then a
+/// hostile ack that must be refused.
+async fn consume(world: World, c: u32, incarnation: u64) {
+    let member = format!("c{c}-{incarnation}");
+    let process = format!("consumer-{c}");
+    let scenario = world.scenario.clone();
+    let topics: Vec<String> = scenario.topics.iter().map(|t| t.name.clone()).collect();
+    let mut rng = madsim::rand::thread_rng();
+    let mut consumer = loop {
+        match Consumer::join(world.client(), "g", &member, topics.clone(), scenario.session_timeout_ms).await {
+            Ok(consumer) => break consumer,
+            Err(_) => madsim::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    let mut acks = 0u32;
+    let mut positions: BTreeMap<(String, u32), u64> = BTreeMap::new();
+    loop {
+        let invoked_at_ms = world.now_ms();
+        let deliveries = match consumer.poll(100, Duration::from_millis(300)).await {
+            Ok(deliveries) => deliveries,
+            Err(_) => {
+                madsim::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let generation = consumer.generation();
+        let Some(last) = deliveries.last() else { continue };
+        let (topic, partition, offset) = (last.topic.clone(), last.partition, last.record.offset);
+        world.record(
+            &process,
+            EventKind::PollOk {
+                member: member.clone(),
+                generation,
+                topic: topic.clone(),
+                partition,
+                invoked_at_ms,
+                records: deliveries.iter().map(|d| seen(&d.record)).collect(),
+            },
+        );
+        // Processing takes a while: a pause landing here makes a zombie.
+        madsim::time::sleep(Duration::from_millis(rng.gen_range(0..200))).await;
+        let ack = |offset: u64, hostile: bool| {
+            let op = world.recorder.op();
+            world.record(
+                &process,
+                EventKind::AckInvoke {
+                    op,
+                    member: member.clone(),
+                    generation,
+                    topic: topic.clone(),
+                    partition,
+                    offset,
+                    hostile,
+                },
+            );
+            op
+        };
+        let op = ack(offset, false);
+        match consumer.ack(&topic, partition, offset).await {
+            Ok(Some(position)) => {
+                positions.insert((topic.clone(), partition), position);
+                world.record(&process, EventKind::AckOk { op, position });
+            }
+            Ok(None) => world.record(&process, EventKind::AckFenced { op }),
+            Err(error) => world.record(&process, EventKind::AckFail { op, error: error.to_string() }),
+        }
+        acks += 1;
+        if acks % scenario.hostile_ack_every == 0 {
+            let position = positions.get(&(topic.clone(), partition)).copied().unwrap_or(0);
+            let hostile = if rng.gen_bool(0.5) && position >= 2 { position - 2 } else { offset + 1_000 };
+            let op = ack(hostile, true);
+            match consumer.ack(&topic, partition, hostile).await {
+                Ok(Some(position)) => world.record(&process, EventKind::AckOk { op, position }),
+                Ok(None) => world.record(&process, EventKind::AckFenced { op }),
+                Err(error) => world.record(&process, EventKind::AckFail { op, error: error.to_string() }),
+            }
+        }
+    }
+}
+
+/// Every 200 ms, each live replica's committed group positions, recorded
+/// when they change (for G4).
+async fn sample_positions(world: World) {
+    let mut last: BTreeMap<(u64, u64, String, u32, String), (u64, u64)> = BTreeMap::new();
+    loop {
+        for broker in &world.brokers {
+            let Some(node) = broker.node() else { continue };
+            if let Some(fatal) = node.fatal_error() {
+                world.record(
+                    &format!("broker-{}", broker.id),
+                    EventKind::NodeFailure { broker: broker.id, reason: fatal },
+                );
+                *broker.node.lock().expect("node slot") = None;
+                continue;
+            }
+            let incarnation = broker.incarnation.load(Ordering::SeqCst);
+            for topic in &world.scenario.topics {
+                for partition in 0..topic.partitions {
+                    let tp = TopicPartition::new(
+                        TopicName::new(topic.name.as_str()).expect("topic name"),
+                        PartitionIndex(partition),
+                    );
+                    let Some(state) = node.partition(&tp) else { continue };
+                    for group in state.groups().keys() {
+                        let position = state.group_position(group).0;
+                        let high_watermark = state.high_watermark().0;
+                        let key = (broker.id, incarnation, topic.name.clone(), partition, group.to_string());
+                        if last.insert(key, (position, high_watermark)) != Some((position, high_watermark)) {
+                            world.record(
+                                &format!("broker-{}", broker.id),
+                                EventKind::PositionSample {
+                                    broker: broker.id,
+                                    incarnation,
+                                    topic: topic.name.clone(),
+                                    partition,
+                                    group: group.to_string(),
+                                    position,
+                                    high_watermark,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        madsim::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+type LaneFn = fn(World, Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+fn pick_fault(world: &World, rng: &mut impl Rng, lane: fn(FaultKind) -> bool) -> Option<FaultKind> {
+    let kinds: Vec<FaultKind> = world.scenario.faults.iter().copied().filter(|k| lane(*k)).collect();
+    (!kinds.is_empty()).then(|| kinds[rng.gen_range(0..kinds.len())])
+}
+
+async fn between_faults(world: &World, rng: &mut impl Rng) {
+    let interval = world.scenario.fault_interval_ms;
+    madsim::time::sleep(Duration::from_millis(rng.gen_range(interval / 2..=interval * 3 / 2))).await;
+}
+
+fn fault_duration(world: &World, rng: &mut impl Rng) -> Duration {
+    let (low, high) = world.scenario.fault_duration_ms;
+    Duration::from_millis(rng.gen_range(low..=high))
+}
+
+/// Power cut: freeze the disk (madsim's kill runs destructors, which would
+/// close redb cleanly), keep what the disk kept, kill the host.
+fn power_cut(broker: &SimBroker, seed: u64) {
+    let handle = Handle::current();
+    {
+        let mut disk = broker.disk.lock().expect("disk");
+        disk.freeze();
+        let kept = disk.crash(seed);
+        *disk = kept;
+    }
+    handle.kill(broker.host);
+    *broker.node.lock().expect("node slot") = None;
+}
+
+/// The leader of a random group (metadata or a partition), as any live
+/// broker knows it.
+fn some_leader(world: &World, rng: &mut impl Rng) -> Option<u64> {
+    let nodes = world.live_nodes();
+    let node = nodes.first()?;
+    let groups = node.groups();
+    let group = &groups[rng.gen_range(0..groups.len())];
+    let leader = nodes.iter().find_map(|n| n.raft(group).and_then(|r| r.metrics().borrow().current_leader));
+    leader.or_else(|| node.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader))
+}
+
+/// Crashes and pauses, one broker at a time.
+fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let mut rng = madsim::rand::thread_rng();
+        let handle = Handle::current();
+        while !over.load(Ordering::SeqCst) {
+            between_faults(&world, &mut rng).await;
+            let Some(kind) = pick_fault(&world, &mut rng, FaultKind::is_node_fault) else { return };
+            if over.load(Ordering::SeqCst) {
+                return;
+            }
+            let target = match kind {
+                FaultKind::LeaderCrash => some_leader(&world, &mut rng).unwrap_or(1),
+                _ => rng.gen_range(1..=world.scenario.brokers),
+            };
+            let broker = world.brokers[target as usize - 1].clone();
+            let duration = fault_duration(&world, &mut rng);
+            match kind {
+                FaultKind::Pause => {
+                    world.record(
+                        "faults",
+                        EventKind::Fault { kind: kind.name().into(), detail: format!("broker {target}") },
+                    );
+                    handle.pause(broker.host);
+                    madsim::time::sleep(duration).await;
+                    handle.resume(broker.host);
+                }
+                _ => {
+                    world.record(
+                        "faults",
+                        EventKind::Fault { kind: kind.name().into(), detail: format!("broker {target}") },
+                    );
+                    power_cut(&broker, rng.gen());
+                    madsim::time::sleep(duration).await;
+                    handle.restart(broker.host);
+                }
+            }
+            world.record("faults", EventKind::Heal { kind: kind.name().into(), detail: format!("broker {target}") });
+        }
+    })
+}
+
+fn all_hosts(world: &World) -> (Vec<HostId>, Vec<HostId>) {
+    let brokers = world.brokers.iter().map(|b| b.host).collect();
+    let clients = world.producer_hosts.iter().chain(&world.consumer_hosts).copied().collect();
+    (brokers, clients)
+}
+
+fn clog_between(world: &World, a: &[HostId], b: &[HostId]) {
+    let net = NetSim::current();
+    let mut clogged = world.clogged.lock().expect("clogged");
+    for x in a {
+        for y in b {
+            net.clog_link(*x, *y);
+            net.clog_link(*y, *x);
+            clogged.insert((*x, *y));
+            clogged.insert((*y, *x));
+        }
+    }
+}
+
+fn unclog_all(world: &World) {
+    let net = NetSim::current();
+    let links = std::mem::take(&mut *world.clogged.lock().expect("clogged"));
+    for (x, y) in links {
+        net.unclog_link(x, y);
+    }
+}
+
+/// Partitions, loss and delay, one at a time.
+fn lane_network(
+    world: World,
+    over: Arc<AtomicBool>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let mut rng = madsim::rand::thread_rng();
+        let n = world.scenario.brokers as usize;
+        while !over.load(Ordering::SeqCst) {
+            between_faults(&world, &mut rng).await;
+            let Some(kind) = pick_fault(&world, &mut rng, FaultKind::is_network_fault) else { return };
+            if over.load(Ordering::SeqCst) {
+                return;
+            }
+            let (brokers, clients) = all_hosts(&world);
+            let mut order: Vec<usize> = (0..n).collect();
+            for i in (1..n).rev() {
+                order.swap(i, rng.gen_range(0..=i));
+            }
+            let minority = rng.gen_range(1..=(n - 1) / 2);
+            let (small, large): (Vec<HostId>, Vec<HostId>) = (
+                order[..minority].iter().map(|i| brokers[*i]).collect(),
+                order[minority..].iter().map(|i| brokers[*i]).collect(),
+            );
+            let ids = |hosts: &[HostId]| -> Vec<u64> {
+                world.brokers.iter().filter(|b| hosts.contains(&b.host)).map(|b| b.id).collect()
+            };
+            let detail = match kind {
+                FaultKind::PartitionMinority => {
+                    let rest: Vec<HostId> = large.iter().chain(&clients).copied().collect();
+                    clog_between(&world, &small, &rest);
+                    format!("brokers {:?} cut off", ids(&small))
+                }
+                FaultKind::PartitionMajority => {
+                    let rest: Vec<HostId> = small.iter().chain(&clients).copied().collect();
+                    clog_between(&world, &large, &rest);
+                    format!("clients reach only brokers {:?}", ids(&small))
+                }
+                FaultKind::PartitionOneWay => {
+                    let (from, to) = (brokers[order[0]], brokers[order[1]]);
+                    NetSim::current().clog_link(from, to);
+                    world.clogged.lock().expect("clogged").insert((from, to));
+                    format!("broker {:?} -> broker {:?} dropped", ids(&[from]), ids(&[to]))
+                }
+                FaultKind::PartitionBridge => {
+                    let bridge = brokers[order[0]];
+                    let rest: Vec<HostId> = order[1..].iter().map(|i| brokers[*i]).collect();
+                    let half = rest.len() / 2;
+                    clog_between(&world, &rest[..half], &rest[half..]);
+                    format!(
+                        "halves {:?} and {:?} meet only at broker {:?}",
+                        ids(&rest[..half]),
+                        ids(&rest[half..]),
+                        ids(&[bridge])
+                    )
+                }
+                FaultKind::PacketLoss => {
+                    let rate = rng.gen_range(0.05..0.3);
+                    NetSim::current().update_config(|c| c.packet_loss_rate = rate);
+                    format!("{:.0}% of connections refused", rate * 100.0)
+                }
+                FaultKind::Delay => {
+                    NetSim::current()
+                        .update_config(|c| c.send_latency = Duration::from_millis(10)..Duration::from_millis(200));
+                    "messages take 10-200 ms".to_string()
+                }
+                _ => unreachable!("not a network fault"),
+            };
+            world.record("faults", EventKind::Fault { kind: kind.name().into(), detail: detail.clone() });
+            madsim::time::sleep(fault_duration(&world, &mut rng)).await;
+            heal_network(&world);
+            world.record("faults", EventKind::Heal { kind: kind.name().into(), detail });
+        }
+    })
+}
+
+fn heal_network(world: &World) {
+    unclog_all(world);
+    NetSim::current().update_config(|c| {
+        c.packet_loss_rate = 0.0;
+        c.send_latency = Duration::from_millis(1)..Duration::from_millis(10);
+    });
+}
+
+/// Per-broker clock offsets, drift and jumps.
+fn lane_clocks(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let mut rng = madsim::rand::thread_rng();
+        while !over.load(Ordering::SeqCst) {
+            between_faults(&world, &mut rng).await;
+            let Some(kind) = pick_fault(&world, &mut rng, FaultKind::is_clock_fault) else { return };
+            if over.load(Ordering::SeqCst) {
+                return;
+            }
+            let target = rng.gen_range(1..=world.scenario.brokers);
+            let clock = &world.brokers[target as usize - 1].clock;
+            let detail = match kind {
+                FaultKind::ClockSkew => {
+                    let skew = Skew {
+                        offset_ms: rng.gen_range(-5_000..=5_000),
+                        drift_ppm: rng.gen_range(-50_000..=50_000),
+                        drift_since_ms: keel_server::clock::Clock::system().now().0,
+                    };
+                    clock.set_skew(skew);
+                    format!("broker {target} offset {} ms, drift {} ppm", skew.offset_ms, skew.drift_ppm)
+                }
+                FaultKind::ClockJump => {
+                    let delta: i64 = rng.gen_range(-30_000..=30_000);
+                    clock.jump(delta);
+                    format!("broker {target} jumps {delta} ms")
+                }
+                _ => unreachable!("not a clock fault"),
+            };
+            world.record("faults", EventKind::Fault { kind: kind.name().into(), detail });
+        }
+    })
+}
+
+/// Consumer crashes (a new member takes over) and pauses past the session.
+fn lane_clients(
+    world: World,
+    over: Arc<AtomicBool>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let mut rng = madsim::rand::thread_rng();
+        let handle = Handle::current();
+        while !over.load(Ordering::SeqCst) {
+            between_faults(&world, &mut rng).await;
+            let Some(kind) = pick_fault(&world, &mut rng, FaultKind::is_client_fault) else { return };
+            if over.load(Ordering::SeqCst) {
+                return;
+            }
+            let c = rng.gen_range(0..world.consumer_hosts.len());
+            let host = world.consumer_hosts[c];
+            let detail = format!("consumer {c}");
+            world.record("faults", EventKind::Fault { kind: kind.name().into(), detail: detail.clone() });
+            match kind {
+                FaultKind::ConsumerCrash => {
+                    handle.kill(host);
+                    madsim::time::sleep(fault_duration(&world, &mut rng)).await;
+                    handle.restart(host);
+                }
+                _ => {
+                    handle.pause(host);
+                    let past_session = world.scenario.session_timeout_ms + rng.gen_range(500..3_000);
+                    madsim::time::sleep(Duration::from_millis(past_session)).await;
+                    handle.resume(host);
+                }
+            }
+            world.record("faults", EventKind::Heal { kind: kind.name().into(), detail });
+        }
+    })
+}
+
+/// End of the safety phase: every fault healed (lanes heal their own; this
+/// resets what has no heal of its own, the clocks).
+fn heal_everything(world: &World) {
+    heal_network(world);
+    for broker in &world.brokers {
+        broker.clock.set_skew(Skew::default());
+    }
+    world.record("faults", EventKind::Heal { kind: "all".into(), detail: "network, clocks".into() });
+}
+
+/// Acknowledged values not yet delivered to any consumer.
+fn unconsumed(world: &World) -> u64 {
+    let events = world.recorder.events();
+    let mut values = BTreeMap::new();
+    let mut acked = BTreeSet::new();
+    let mut delivered = BTreeSet::new();
+    for event in &events {
+        match &event.kind {
+            EventKind::ProduceInvoke { op, values: v, .. } => {
+                values.insert(*op, v.clone());
+            }
+            EventKind::ProduceOk { op, .. } => acked.extend(values.get(op).cloned().unwrap_or_default()),
+            EventKind::PollOk { records, .. } => delivered.extend(records.iter().map(|r| r.value.clone())),
+            _ => {}
+        }
+    }
+    acked.difference(&delivered).count() as u64
+}
+
+/// L1: within the bound, producers finish and every acknowledged record is
+/// consumed; then the group must have settled.
+async fn await_liveness(world: &World) {
+    let deadline = world.now_ms() + world.scenario.liveness_ms;
+    loop {
+        let done = world.producers_done.load(Ordering::SeqCst) == u64::from(world.scenario.producers);
+        let missing = unconsumed(world);
+        if done && missing == 0 {
+            break;
+        }
+        if world.now_ms() >= deadline {
+            world.record("driver", EventKind::LivenessTimeout { missing });
+            break;
+        }
+        madsim::time::sleep(Duration::from_millis(250)).await;
+    }
+    // The group as its coordinator sees it.
+    let client = world.client();
+    if let Ok(group) = client.describe_group("g").await {
+        let assigned: BTreeSet<(String, u32)> =
+            group.members.iter().flat_map(|m| m.partitions.iter().map(|p| (p.topic.clone(), p.partition))).collect();
+        let unassigned = world
+            .scenario
+            .topics
+            .iter()
+            .flat_map(|t| (0..t.partitions).map(|p| (t.name.clone(), p)))
+            .filter(|p| !assigned.contains(p))
+            .collect();
+        world.record(
+            "driver",
+            EventKind::GroupSettled {
+                generation: group.generation,
+                members: group.members.iter().map(|m| m.member.clone()).collect(),
+                unassigned,
+            },
+        );
+    }
+}
+
+/// Give replicas a moment to converge, then read every replica's whole log.
+async fn final_reads(world: &World) {
+    for _ in 0..40 {
+        let converged = world.scenario.topics.iter().all(|topic| {
+            (0..topic.partitions).all(|p| {
+                let tp = TopicPartition::new(TopicName::new(topic.name.as_str()).expect("name"), PartitionIndex(p));
+                let marks: BTreeSet<u64> =
+                    world.live_nodes().iter().filter_map(|n| n.partition(&tp)).map(|s| s.high_watermark().0).collect();
+                marks.len() <= 1
+            })
+        });
+        if converged {
+            break;
+        }
+        madsim::time::sleep(Duration::from_millis(250)).await;
+    }
+    for broker in &world.brokers {
+        let Some(node) = broker.node() else { continue };
+        if let Some(fatal) = node.fatal_error() {
+            world.record(&format!("broker-{}", broker.id), EventKind::NodeFailure { broker: broker.id, reason: fatal });
+            continue;
+        }
+        for topic in &world.scenario.topics {
+            for p in 0..topic.partitions {
+                let tp = TopicPartition::new(TopicName::new(topic.name.as_str()).expect("name"), PartitionIndex(p));
+                let read = node.read_partition(&tp, |state, log| {
+                    let records = state.read(log, state.log_start(), u32::MAX, u64::MAX).unwrap_or_default();
+                    (state.log_start().0, records)
+                });
+                let Some((log_start, records)) = read else { continue };
+                let records = records
+                    .iter()
+                    .map(|r| Seen {
+                        offset: r.offset.0,
+                        value: String::from_utf8_lossy(&r.record.value).to_string(),
+                        append_time_ms: r.append_time_ms.0,
+                    })
+                    .collect();
+                world.record(
+                    &format!("broker-{}", broker.id),
+                    EventKind::ReplicaLog {
+                        broker: broker.id,
+                        topic: topic.name.clone(),
+                        partition: p,
+                        log_start,
+                        records,
+                    },
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The recorded history of a run: every operation's invocation and
+//! completion, every fault and heal, and the final reads of every replica,
+//! each with its simulated time. The checkers read only this. It is written
+//! out as JSON lines, and its hash (simulated times included) is the run's
+//! trace hash: the same seed must give the same hash, in any process.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+/// One record as a reader saw it: offset, value, append time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Seen {
+    pub offset: u64,
+    pub value: String,
+    pub append_time_ms: u64,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    Phase {
+        name: String,
+    },
+    Fault {
+        kind: String,
+        detail: String,
+    },
+    Heal {
+        kind: String,
+        detail: String,
+    },
+    /// A produce of uniquely valued records was sent (`op` pairs it with
+    /// its completion). Retries of the same batch are inside one operation.
+    ProduceInvoke {
+        op: u64,
+        producer: u64,
+        topic: String,
+        partition: u32,
+        values: Vec<String>,
+    },
+    ProduceOk {
+        op: u64,
+        base_offset: u64,
+        count: u32,
+        duplicate: bool,
+    },
+    ProduceFail {
+        op: u64,
+        error: String,
+    },
+    Joined {
+        member: String,
+        generation: u64,
+        partitions: Vec<(String, u32)>,
+    },
+    PollOk {
+        member: String,
+        generation: u64,
+        topic: String,
+        partition: u32,
+        invoked_at_ms: u64,
+        records: Vec<Seen>,
+    },
+    AckInvoke {
+        op: u64,
+        member: String,
+        generation: u64,
+        topic: String,
+        partition: u32,
+        offset: u64,
+        hostile: bool,
+    },
+    AckOk {
+        op: u64,
+        position: u64,
+    },
+    /// The ack was refused as fenced; the member rejoined.
+    AckFenced {
+        op: u64,
+    },
+    AckFail {
+        op: u64,
+        error: String,
+    },
+    /// A replica's applied state of a partition, sampled during the run
+    /// (`incarnation` counts the broker's restarts).
+    PositionSample {
+        broker: u64,
+        incarnation: u64,
+        topic: String,
+        partition: u32,
+        group: String,
+        position: u64,
+        high_watermark: u64,
+    },
+    /// Everything a replica holds of a partition at the end of the run.
+    ReplicaLog {
+        broker: u64,
+        topic: String,
+        partition: u32,
+        log_start: u64,
+        records: Vec<Seen>,
+    },
+    /// The group as the coordinator sees it at the end of the liveness phase.
+    GroupSettled {
+        generation: u64,
+        members: Vec<String>,
+        unassigned: Vec<(String, u32)>,
+    },
+    /// A broker's disk did not reopen after a power cut: what it had
+    /// acknowledged as durable is gone (G1).
+    DiskLost {
+        broker: u64,
+        reason: String,
+    },
+    /// A node failed: a panic, or a fatal error.
+    NodeFailure {
+        broker: u64,
+        reason: String,
+    },
+    /// The liveness phase ran out of time.
+    LivenessTimeout {
+        missing: u64,
+    },
+}
+
+/// An event with its simulated time since the run began.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Event {
+    pub at_ms: u64,
+    /// Who did it: `broker-N`, `producer-N`, `consumer-N`, `faults`, `driver`.
+    pub process: String,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// The history being recorded; cheap to clone, shared by every simulated
+/// process of one run.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    events: Arc<Mutex<Vec<Event>>>,
+    next_op: Arc<Mutex<u64>>,
+}
+
+impl Recorder {
+    pub fn record(&self, at_ms: u64, process: &str, kind: EventKind) {
+        self.events.lock().expect("history").push(Event { at_ms, process: process.to_string(), kind });
+    }
+
+    /// A fresh operation id.
+    pub fn op(&self) -> u64 {
+        let mut next = self.next_op.lock().expect("op counter");
+        *next += 1;
+        *next
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().expect("history").clone()
+    }
+}
+
+/// The history as JSON lines.
+pub fn to_json_lines(events: &[Event]) -> String {
+    events.iter().map(|e| serde_json::to_string(e).expect("events serialise") + "\n").collect()
+}
+
+/// Order-sensitive hash of the whole history, simulated times included.
+pub fn trace_hash(events: &[Event]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    events.hash(&mut hasher);
+    hasher.finish()
+}

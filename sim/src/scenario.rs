@@ -1,0 +1,222 @@
+//! What a seed decides before the run starts: the cluster, the topics, the
+//! workload and the faults (swarm testing: each seed enables its own mix of
+//! fault kinds). Drawn from a seeded RNG, so printing it costs nothing and
+//! the same seed always gives the same scenario.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+/// A kind of fault the simulation injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// Power cut on a broker (unsynced writes lost or torn), then restart.
+    Crash,
+    /// Power cut on a current partition or metadata leader.
+    LeaderCrash,
+    /// A broker's process stops, then resumes.
+    Pause,
+    /// A minority of brokers is cut off from everyone else.
+    PartitionMinority,
+    /// The clients can reach only a minority of brokers (the majority is cut
+    /// off from them and from the minority).
+    PartitionMajority,
+    /// Messages from one broker to another are dropped; the other way works.
+    PartitionOneWay,
+    /// Two halves that reach each other only through one bridge broker.
+    PartitionBridge,
+    /// A share of new connections is refused.
+    PacketLoss,
+    /// Messages take 10-200 ms.
+    Delay,
+    /// A broker's clock gets an offset and a drift.
+    ClockSkew,
+    /// A broker's clock jumps forwards or backwards.
+    ClockJump,
+    /// A consumer's process dies; a new member (another id) takes its place.
+    ConsumerCrash,
+    /// A consumer's process stops past its session, then resumes.
+    ConsumerPause,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 13] = [
+        FaultKind::Crash,
+        FaultKind::LeaderCrash,
+        FaultKind::Pause,
+        FaultKind::PartitionMinority,
+        FaultKind::PartitionMajority,
+        FaultKind::PartitionOneWay,
+        FaultKind::PartitionBridge,
+        FaultKind::PacketLoss,
+        FaultKind::Delay,
+        FaultKind::ClockSkew,
+        FaultKind::ClockJump,
+        FaultKind::ConsumerCrash,
+        FaultKind::ConsumerPause,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Crash => "crash",
+            FaultKind::LeaderCrash => "leader-crash",
+            FaultKind::Pause => "pause",
+            FaultKind::PartitionMinority => "partition-minority",
+            FaultKind::PartitionMajority => "partition-majority",
+            FaultKind::PartitionOneWay => "partition-one-way",
+            FaultKind::PartitionBridge => "partition-bridge",
+            FaultKind::PacketLoss => "packet-loss",
+            FaultKind::Delay => "delay",
+            FaultKind::ClockSkew => "clock-skew",
+            FaultKind::ClockJump => "clock-jump",
+            FaultKind::ConsumerCrash => "consumer-crash",
+            FaultKind::ConsumerPause => "consumer-pause",
+        }
+    }
+
+    /// Faults that take brokers down or cut them off.
+    pub fn is_node_fault(self) -> bool {
+        matches!(self, FaultKind::Crash | FaultKind::LeaderCrash | FaultKind::Pause)
+    }
+
+    pub fn is_network_fault(self) -> bool {
+        matches!(
+            self,
+            FaultKind::PartitionMinority
+                | FaultKind::PartitionMajority
+                | FaultKind::PartitionOneWay
+                | FaultKind::PartitionBridge
+                | FaultKind::PacketLoss
+                | FaultKind::Delay
+        )
+    }
+
+    pub fn is_clock_fault(self) -> bool {
+        matches!(self, FaultKind::ClockSkew | FaultKind::ClockJump)
+    }
+
+    pub fn is_client_fault(self) -> bool {
+        matches!(self, FaultKind::ConsumerCrash | FaultKind::ConsumerPause)
+    }
+}
+
+/// One topic of the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TopicSpec {
+    pub name: String,
+    pub partitions: u32,
+    pub replication_factor: u32,
+}
+
+/// Everything a seed decides.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scenario {
+    pub seed: u64,
+    pub brokers: u64,
+    pub topics: Vec<TopicSpec>,
+    /// Idempotent producers, each on its own client host.
+    pub producers: u32,
+    /// Batches each producer sends, one at a time.
+    pub batches_per_producer: u32,
+    pub batch_records_max: u32,
+    /// Pause between a producer's batches.
+    pub produce_interval_ms: u64,
+    /// Members of the one consumer group, each on its own client host.
+    pub consumers: u32,
+    pub session_timeout_ms: u64,
+    /// Every so many acks a member also sends a hostile one (an offset
+    /// before its position or past the high watermark), which must be
+    /// refused.
+    pub hostile_ack_every: u32,
+    /// Fault kinds this seed enables.
+    pub faults: Vec<FaultKind>,
+    /// Mean time between faults of one lane (node, network, clock, client).
+    pub fault_interval_ms: u64,
+    /// How long a fault lasts before it heals.
+    pub fault_duration_ms: (u64, u64),
+    /// Length of the safety phase (workload under faults).
+    pub safety_ms: u64,
+    /// Bound of the liveness phase: faults healed, every acknowledged
+    /// record must be consumed and the group settled within it (L1).
+    pub liveness_ms: u64,
+}
+
+impl Scenario {
+    /// The scenario of `seed`. `all_faults` enables every fault kind
+    /// instead of a swarm-drawn subset.
+    pub fn from_seed(seed: u64, all_faults: bool) -> Scenario {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let brokers = rng.gen_range(3..=5);
+        let topic_count = rng.gen_range(1..=2);
+        let topics = (0..topic_count)
+            .map(|t| TopicSpec { name: format!("t{t}"), partitions: rng.gen_range(1..=3), replication_factor: 3 })
+            .collect();
+        // Swarm testing: each kind is on with probability one half, and at
+        // least one is on.
+        let mut faults: Vec<FaultKind> =
+            FaultKind::ALL.iter().copied().filter(|_| all_faults || rng.gen_bool(0.5)).collect();
+        if faults.is_empty() {
+            faults.push(FaultKind::ALL[rng.gen_range(0..FaultKind::ALL.len())]);
+        }
+        Scenario {
+            seed,
+            brokers,
+            topics,
+            producers: rng.gen_range(1..=3),
+            batches_per_producer: rng.gen_range(15..=40),
+            batch_records_max: rng.gen_range(1..=4),
+            produce_interval_ms: rng.gen_range(50..=300),
+            consumers: rng.gen_range(2..=3),
+            session_timeout_ms: rng.gen_range(2_000..=4_000),
+            hostile_ack_every: rng.gen_range(5..=20),
+            faults,
+            fault_interval_ms: rng.gen_range(1_000..=3_000),
+            fault_duration_ms: (500, rng.gen_range(1_500..=5_000)),
+            safety_ms: 20_000,
+            liveness_ms: 60_000,
+        }
+    }
+
+    pub fn enables(&self, kind: FaultKind) -> bool {
+        self.faults.contains(&kind)
+    }
+
+    /// Make sure `kinds` are on (negative controls need their trigger).
+    pub fn enable(&mut self, kinds: &[FaultKind]) {
+        for kind in kinds {
+            if !self.faults.contains(kind) {
+                self.faults.push(*kind);
+            }
+        }
+        self.faults.sort();
+    }
+
+    /// One line per choice, printed at the start of a run.
+    pub fn describe(&self) -> String {
+        let topics: Vec<String> =
+            self.topics.iter().map(|t| format!("{}({}p, rf {})", t.name, t.partitions, t.replication_factor)).collect();
+        let faults: Vec<&str> = self.faults.iter().map(|f| f.name()).collect();
+        format!(
+            "seed {seed}: {brokers} brokers; topics {topics}; {producers} producers x {batches} batches of 1-{records} \
+             records every {interval} ms; {consumers} consumers (session {session} ms, hostile ack every {hostile}); \
+             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms; safety {safety} ms, liveness bound {liveness} ms",
+            seed = self.seed,
+            brokers = self.brokers,
+            topics = topics.join(", "),
+            producers = self.producers,
+            batches = self.batches_per_producer,
+            records = self.batch_records_max,
+            interval = self.produce_interval_ms,
+            consumers = self.consumers,
+            session = self.session_timeout_ms,
+            hostile = self.hostile_ack_every,
+            faults = faults.join(", "),
+            fault_interval = self.fault_interval_ms,
+            d0 = self.fault_duration_ms.0,
+            d1 = self.fault_duration_ms.1,
+            safety = self.safety_ms,
+            liveness = self.liveness_ms,
+        )
+    }
+}
