@@ -156,6 +156,11 @@ impl Consumer {
         let assigned = self.partitions[slot].clone();
         // Spread the wait over the assignment so no partition starves.
         let wait = max_wait / self.partitions.len() as u32;
+        let slot = (assigned.topic.clone(), assigned.partition);
+        // Where this session is: a reply lost on the way is read again.
+        let offset = self.session_next.get(&slot).copied();
+        #[cfg(madsim)]
+        let offset = offset.filter(|_| !keel_core::planted::is_planted(keel_core::planted::Bug::ConsumerNoOrderFilter));
         let request = pb::PollRequest {
             group: self.group.clone(),
             member: self.member.clone(),
@@ -165,6 +170,7 @@ impl Consumer {
             max_records,
             max_bytes: 0,
             max_wait_ms: wait.as_millis() as u64,
+            offset,
         };
         let route = Route::Partition(assigned.topic.clone(), assigned.partition);
         match self
@@ -176,7 +182,6 @@ impl Consumer {
             .await
         {
             Ok(response) => {
-                let slot = (assigned.topic.clone(), assigned.partition);
                 let next = self.session_next.get(&slot).copied().unwrap_or(0);
                 #[cfg(madsim)]
                 let next = if keel_core::planted::is_planted(keel_core::planted::Bug::ConsumerNoOrderFilter) {

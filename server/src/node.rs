@@ -15,7 +15,7 @@ use std::time::Duration;
 use keel_core::coordinator::{GroupSessions, HeartbeatError, HeartbeatReply};
 use keel_core::metadata::{MetadataCommand, MetadataState};
 use keel_core::partition::PartitionState;
-use keel_core::{BrokerId, Generation, GroupName, Limits, MemberId, Offset, TopicPartition};
+use keel_core::{BrokerId, Generation, GroupName, Limits, MemberId, TopicPartition};
 use keel_proto::raft::raft_transport_server::RaftTransportServer;
 use keel_proto::v1::keel_server::KeelServer;
 use openraft::BasicNode;
@@ -118,12 +118,14 @@ pub enum ProposeError {
     Raft { group: GroupId, reason: String },
 }
 
-/// A group member's read position on one partition.
+/// The claim this leader made for a group on one partition (soft state: a
+/// new leader claims again). Reads start where the member says its session
+/// is, or at the committed position; never at a position kept here, so a
+/// reply lost on the way is read again rather than skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
     pub generation: Generation,
     pub member: MemberId,
-    pub next: Offset,
 }
 
 /// A partition group as the metadata places it.

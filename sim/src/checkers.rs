@@ -412,11 +412,19 @@ fn liveness(events: &[Event], acked: &[Acked], findings: &mut Findings) -> u64 {
                 }
             }
             EventKind::LivenessTimeout { missing } => {
-                findings
-                    .add(Guarantee::L1, format!("{missing} acknowledged records were still unconsumed at the bound"));
-            }
-            EventKind::GroupSettled { unassigned, .. } if !unassigned.is_empty() => {
-                findings.add(Guarantee::L1, format!("the group did not settle: {unassigned:?} unassigned"));
+                let group = events.iter().rev().find_map(|e| match &e.kind {
+                    EventKind::GroupSettled { generation, members, unassigned } => {
+                        Some(format!("generation {generation}, members {members:?}, unassigned {unassigned:?}"))
+                    }
+                    _ => None,
+                });
+                findings.add(
+                    Guarantee::L1,
+                    format!(
+                        "not settled at the bound: {missing} acknowledged records unconsumed; group: {}",
+                        group.unwrap_or_else(|| "not described".into())
+                    ),
+                );
             }
             _ => {}
         }

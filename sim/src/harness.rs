@@ -891,42 +891,52 @@ fn unconsumed(world: &World) -> u64 {
     acked.difference(&delivered).count() as u64
 }
 
-/// L1: within the bound, producers finish and every acknowledged record is
-/// consumed; then the group must have settled.
+/// L1: within the bound, producers finish, every acknowledged record is
+/// consumed, and the group settles: one live member per consumer, every
+/// partition assigned.
 async fn await_liveness(world: &World) {
     let deadline = world.now_ms() + world.scenario.liveness_ms;
+    let client = world.client();
     loop {
         let done = world.producers_done.load(Ordering::SeqCst) == u64::from(world.scenario.producers);
         let missing = unconsumed(world);
-        if done && missing == 0 {
+        let group = client.describe_group("g").await.ok();
+        let (settled, event) = match &group {
+            Some(group) => {
+                let assigned: BTreeSet<(String, u32)> = group
+                    .members
+                    .iter()
+                    .flat_map(|m| m.partitions.iter().map(|p| (p.topic.clone(), p.partition)))
+                    .collect();
+                let unassigned: Vec<(String, u32)> = world
+                    .scenario
+                    .topics
+                    .iter()
+                    .flat_map(|t| (0..t.partitions).map(|p| (t.name.clone(), p)))
+                    .filter(|p| !assigned.contains(p))
+                    .collect();
+                let settled = unassigned.is_empty() && group.members.len() as u32 == world.scenario.consumers;
+                let event = EventKind::GroupSettled {
+                    generation: group.generation,
+                    members: group.members.iter().map(|m| m.member.clone()).collect(),
+                    unassigned,
+                };
+                (settled, Some(event))
+            }
+            None => (false, None),
+        };
+        if done && missing == 0 && settled {
+            world.record("driver", event.expect("a described group"));
             break;
         }
         if world.now_ms() >= deadline {
             world.record("driver", EventKind::LivenessTimeout { missing });
+            if let Some(event) = event {
+                world.record("driver", event);
+            }
             break;
         }
         madsim::time::sleep(Duration::from_millis(250)).await;
-    }
-    // The group as its coordinator sees it.
-    let client = world.client();
-    if let Ok(group) = client.describe_group("g").await {
-        let assigned: BTreeSet<(String, u32)> =
-            group.members.iter().flat_map(|m| m.partitions.iter().map(|p| (p.topic.clone(), p.partition))).collect();
-        let unassigned = world
-            .scenario
-            .topics
-            .iter()
-            .flat_map(|t| (0..t.partitions).map(|p| (t.name.clone(), p)))
-            .filter(|p| !assigned.contains(p))
-            .collect();
-        world.record(
-            "driver",
-            EventKind::GroupSettled {
-                generation: group.generation,
-                members: group.members.iter().map(|m| m.member.clone()).collect(),
-                unassigned,
-            },
-        );
     }
 }
 

@@ -80,6 +80,7 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
         max_records: 10,
         max_bytes: 0,
         max_wait_ms: 0,
+        offset: None,
     };
     let ack = |member: &str, generation: u64, offset: u64| pb::AckRequest {
         group: "g".into(),

@@ -144,11 +144,9 @@ impl KeelService {
             let command =
                 PartitionCommand::Claim { group: request.group.clone(), member: request.member.clone(), generation };
             match self.propose_partition(&partition, command).await? {
-                PartitionOutcome::Claimed { position, .. } => self.node.set_cursor(
-                    &group,
-                    &partition,
-                    Cursor { generation, member: member.clone(), next: position },
-                ),
+                PartitionOutcome::Claimed { .. } => {
+                    self.node.set_cursor(&group, &partition, Cursor { generation, member: member.clone() })
+                }
                 other => return Err(Status::internal(format!("unexpected outcome {other:?}"))),
             }
         }
@@ -156,12 +154,17 @@ impl KeelService {
         let max_bytes = if request.max_bytes == 0 { u64::MAX } else { request.max_bytes };
         loop {
             self.check_claim(&group, &member, generation, &partition)?;
-            let cursor =
-                self.node.cursor(&group, &partition).ok_or_else(|| Status::aborted("the claim moved; poll again"))?;
+            if self.node.cursor(&group, &partition).is_none() {
+                return Err(Status::aborted("the claim moved; poll again"));
+            }
             let read = self
                 .node
                 .read_partition(&partition, |state, log| {
-                    let from = cursor.next.max(state.log_start()).min(state.high_watermark());
+                    // The member says where its session is; without that,
+                    // read from the committed position. Either way a reply
+                    // lost on the way is read again, never skipped.
+                    let next = request.offset.map_or_else(|| state.group_position(&group), Offset);
+                    let from = next.max(state.log_start()).min(state.high_watermark());
                     (
                         state.read(log, from, request.max_records, max_bytes).map_err(|e| e.to_string()),
                         state.high_watermark(),
@@ -174,9 +177,6 @@ impl KeelService {
             };
             if !records.is_empty() || tokio::time::Instant::now() >= deadline {
                 self.node.metrics().polled(records.len() as u64);
-                if let Some(last) = records.last() {
-                    self.node.set_cursor(&group, &partition, Cursor { next: Offset(last.offset.0 + 1), ..cursor });
-                }
                 return Ok(pb::PollResponse {
                     records: records.into_iter().map(from_record).collect(),
                     high_watermark: high_watermark.0,
