@@ -37,6 +37,8 @@ pub struct Consumer {
     /// position, and records already handed on in this session are not
     /// handed on again (G3: offsets strictly increase within a session).
     session_next: BTreeMap<(String, u32), u64>,
+    /// The partition and generation of the last poll, if it succeeded.
+    last_polled: Option<(pb::TopicPartition, u64)>,
 }
 
 impl Consumer {
@@ -58,6 +60,7 @@ impl Consumer {
             partitions: Vec::new(),
             notices: Vec::new(),
             session_next: BTreeMap::new(),
+            last_polled: None,
             next_partition: 0,
             last_heartbeat: tokio::time::Instant::now(),
         };
@@ -74,6 +77,12 @@ impl Consumer {
     /// fence or removal it recovered from by rejoining, as a message.
     pub fn take_notices(&mut self) -> Vec<String> {
         std::mem::take(&mut self.notices)
+    }
+
+    /// The partition and generation of the last poll, if it succeeded
+    /// (with or without records): this member's claim on that partition.
+    pub fn last_polled(&self) -> Option<(&pb::TopicPartition, u64)> {
+        self.last_polled.as_ref().map(|(p, g)| (p, *g))
     }
 
     /// The partitions assigned to this member.
@@ -146,6 +155,7 @@ impl Consumer {
     /// Poll the next assigned partition (round-robin), waiting up to
     /// `max_wait` for records. Rejoins on a rebalance or a fence.
     pub async fn poll(&mut self, max_records: u32, max_wait: Duration) -> Result<Vec<Delivery>, ClientError> {
+        self.last_polled = None;
         self.heartbeat_if_due().await?;
         if self.partitions.is_empty() {
             tokio::time::sleep(max_wait).await;
@@ -182,6 +192,7 @@ impl Consumer {
             .await
         {
             Ok(response) => {
+                self.last_polled = Some((assigned.clone(), self.generation));
                 let next = self.session_next.get(&slot).copied().unwrap_or(0);
                 #[cfg(madsim)]
                 let next = if keel_core::planted::is_planted(keel_core::planted::Bug::ConsumerNoOrderFilter) {

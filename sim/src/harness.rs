@@ -123,6 +123,9 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         if plant == Plant::Bug(Bug::CommitUnchecked) || plant == Plant::Bug(Bug::PanicOnBadCommit) {
             scenario.hostile_ack_every = 3;
         }
+        if plant == Plant::Bug(Bug::ConsumerNoOrderFilter) {
+            scenario.ack_every_polls = scenario.ack_every_polls.max(2);
+        }
     }
     scenario
 }
@@ -468,8 +471,8 @@ fn seen(record: &pb::StoredRecord) -> Seen {
     }
 }
 
-/// One consumer-group member: poll, "process", ack; now and then a
-/// hostile ack that must be refused.
+/// One consumer-group member: poll, "process", and every few polls ack
+/// what it polled; now and then a hostile ack that must be refused.
 async fn consume(world: World, c: u32, incarnation: u64) {
     let member = format!("c{c}-{incarnation}");
     let process = format!("consumer-{c}");
@@ -483,7 +486,12 @@ async fn consume(world: World, c: u32, incarnation: u64) {
         }
     };
     let mut acks = 0u32;
+    let mut polls = 0u32;
     let mut positions: BTreeMap<(String, u32), u64> = BTreeMap::new();
+    // The last offset polled per partition since the last acks.
+    let mut pending: BTreeMap<(String, u32), u64> = BTreeMap::new();
+    // Partitions polled (even empty) per generation: the first poll claims.
+    let mut claimed: BTreeSet<(u64, String, u32)> = BTreeSet::new();
     loop {
         let invoked_at_ms = world.now_ms();
         let deliveries = match consumer.poll(100, Duration::from_millis(300)).await {
@@ -493,56 +501,71 @@ async fn consume(world: World, c: u32, incarnation: u64) {
                 continue;
             }
         };
-        let generation = consumer.generation();
-        let Some(last) = deliveries.last() else { continue };
-        let (topic, partition, offset) = (last.topic.clone(), last.partition, last.record.offset);
-        world.record(
-            &process,
-            EventKind::PollOk {
-                member: member.clone(),
-                generation,
-                topic: topic.clone(),
-                partition,
-                invoked_at_ms,
-                records: deliveries.iter().map(|d| seen(&d.record)).collect(),
-            },
-        );
-        // Processing takes a while: a pause landing here makes a zombie.
-        madsim::time::sleep(Duration::from_millis(rng.gen_range(0..200))).await;
-        let ack = |offset: u64, hostile: bool| {
-            let op = world.recorder.op();
+        let Some((topic, partition, generation)) =
+            consumer.last_polled().map(|(p, generation)| (p.topic.clone(), p.partition, generation))
+        else {
+            continue;
+        };
+        // Record every poll with records, and the first (claiming) poll of
+        // a generation on a partition even when empty.
+        if !deliveries.is_empty() || claimed.insert((generation, topic.clone(), partition)) {
             world.record(
                 &process,
-                EventKind::AckInvoke {
-                    op,
+                EventKind::PollOk {
                     member: member.clone(),
                     generation,
                     topic: topic.clone(),
                     partition,
-                    offset,
-                    hostile,
+                    invoked_at_ms,
+                    records: deliveries.iter().map(|d| seen(&d.record)).collect(),
                 },
             );
-            op
-        };
-        let op = ack(offset, false);
-        match consumer.ack(&topic, partition, offset).await {
-            Ok(Some(position)) => {
-                positions.insert((topic.clone(), partition), position);
-                world.record(&process, EventKind::AckOk { op, position });
-            }
-            Ok(None) => world.record(&process, EventKind::AckFenced { op }),
-            Err(error) => world.record(&process, EventKind::AckFail { op, error: error.to_string() }),
         }
-        acks += 1;
-        if acks % scenario.hostile_ack_every == 0 {
-            let position = positions.get(&(topic.clone(), partition)).copied().unwrap_or(0);
-            let hostile = if rng.gen_bool(0.5) && position >= 2 { position - 2 } else { offset + 1_000 };
-            let op = ack(hostile, true);
-            match consumer.ack(&topic, partition, hostile).await {
-                Ok(Some(position)) => world.record(&process, EventKind::AckOk { op, position }),
+        if let Some(last) = deliveries.last() {
+            pending.insert((topic.clone(), partition), last.record.offset);
+        }
+        polls += 1;
+        if polls % scenario.ack_every_polls != 0 || pending.is_empty() {
+            continue;
+        }
+        // Processing takes a while: a pause landing here makes a zombie.
+        madsim::time::sleep(Duration::from_millis(rng.gen_range(0..200))).await;
+        for ((topic, partition), offset) in std::mem::take(&mut pending) {
+            let ack = |offset: u64, hostile: bool, generation: u64| {
+                let op = world.recorder.op();
+                world.record(
+                    &process,
+                    EventKind::AckInvoke {
+                        op,
+                        member: member.clone(),
+                        generation,
+                        topic: topic.clone(),
+                        partition,
+                        offset,
+                        hostile,
+                    },
+                );
+                op
+            };
+            let op = ack(offset, false, consumer.generation());
+            match consumer.ack(&topic, partition, offset).await {
+                Ok(Some(position)) => {
+                    positions.insert((topic.clone(), partition), position);
+                    world.record(&process, EventKind::AckOk { op, position });
+                }
                 Ok(None) => world.record(&process, EventKind::AckFenced { op }),
                 Err(error) => world.record(&process, EventKind::AckFail { op, error: error.to_string() }),
+            }
+            acks += 1;
+            if acks % scenario.hostile_ack_every == 0 {
+                let position = positions.get(&(topic.clone(), partition)).copied().unwrap_or(0);
+                let hostile = if rng.gen_bool(0.5) && position >= 2 { position - 2 } else { offset + 1_000 };
+                let op = ack(hostile, true, consumer.generation());
+                match consumer.ack(&topic, partition, hostile).await {
+                    Ok(Some(position)) => world.record(&process, EventKind::AckOk { op, position }),
+                    Ok(None) => world.record(&process, EventKind::AckFenced { op }),
+                    Err(error) => world.record(&process, EventKind::AckFail { op, error: error.to_string() }),
+                }
             }
         }
     }
@@ -852,7 +875,9 @@ fn lane_clients(
                 }
                 _ => {
                     handle.pause(host);
-                    let past_session = world.scenario.session_timeout_ms + rng.gen_range(500..3_000);
+                    // Long enough for the coordinator to expire it and for
+                    // another member to claim its partitions.
+                    let past_session = world.scenario.session_timeout_ms + rng.gen_range(1_000..6_000);
                     madsim::time::sleep(Duration::from_millis(past_session)).await;
                     handle.resume(host);
                 }

@@ -129,6 +129,9 @@ pub struct Scenario {
     /// before its position or past the high watermark), which must be
     /// refused.
     pub hostile_ack_every: u32,
+    /// A member acknowledges after every so many polls (what it polled
+    /// since its last acks).
+    pub ack_every_polls: u32,
     /// Fault kinds this seed enables.
     pub faults: Vec<FaultKind>,
     /// Mean time between faults of one lane (node, network, clock, client).
@@ -170,6 +173,7 @@ impl Scenario {
             consumers: rng.gen_range(2..=3),
             session_timeout_ms: rng.gen_range(2_000..=4_000),
             hostile_ack_every: rng.gen_range(5..=20),
+            ack_every_polls: rng.gen_range(1..=3),
             faults,
             fault_interval_ms: rng.gen_range(1_000..=3_000),
             fault_duration_ms: (500, rng.gen_range(1_500..=5_000)),
@@ -199,7 +203,8 @@ impl Scenario {
         let faults: Vec<&str> = self.faults.iter().map(|f| f.name()).collect();
         format!(
             "seed {seed}: {brokers} brokers; topics {topics}; {producers} producers x {batches} batches of 1-{records} \
-             records every {interval} ms; {consumers} consumers (session {session} ms, hostile ack every {hostile}); \
+             records every {interval} ms; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
+             hostile ack every {hostile}); \
              faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms; safety {safety} ms, liveness bound {liveness} ms",
             seed = self.seed,
             brokers = self.brokers,
@@ -211,6 +216,7 @@ impl Scenario {
             consumers = self.consumers,
             session = self.session_timeout_ms,
             hostile = self.hostile_ack_every,
+            ack_every = self.ack_every_polls,
             faults = faults.join(", "),
             fault_interval = self.fault_interval_ms,
             d0 = self.fault_duration_ms.0,
