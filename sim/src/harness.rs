@@ -131,22 +131,28 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
 }
 
 /// Run one seed to its verdict.
+///
+/// Each run gets a fresh OS thread (outside the simulation): std seeds the
+/// hash maps of a thread once, and madsim can seed them from the run's seed
+/// only on a thread that never made one. On a reused thread a run would
+/// depend on the runs before it.
 pub fn run_seed(seed: u64, options: RunOptions) -> RunReport {
     let scenario = scenario_for(seed, options);
     let bugs: Vec<Bug> = match options.plant {
         Some(Plant::Bug(bug)) => vec![bug],
         _ => Vec::new(),
     };
-    keel_core::planted::plant(&bugs);
     let recorder = Recorder::default();
-    let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
-    // A backstop: the driver bounds every phase itself.
-    runtime.set_time_limit(Duration::from_millis(scenario.safety_ms + scenario.liveness_ms + 120_000));
     let lying = options.plant == Some(Plant::LyingDisk);
-    let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        runtime.block_on(simulate(scenario.clone(), recorder.clone(), lying))
-    }));
-    keel_core::planted::plant(&[]);
+    let (run_scenario, run_recorder) = (scenario.clone(), recorder.clone());
+    let outcome = std::thread::spawn(move || {
+        keel_core::planted::plant(&bugs);
+        let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
+        // A backstop: the driver bounds every phase itself.
+        runtime.set_time_limit(Duration::from_millis(run_scenario.safety_ms + run_scenario.liveness_ms + 120_000));
+        runtime.block_on(simulate(run_scenario, run_recorder, lying))
+    })
+    .join();
     let simulated_ms = match outcome {
         Ok(ms) => ms,
         Err(panic) => {

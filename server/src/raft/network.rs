@@ -15,9 +15,7 @@ use std::time::Duration;
 use keel_proto::raft::raft_transport_client::RaftTransportClient;
 use keel_proto::raft::raft_transport_server::RaftTransport;
 use keel_proto::raft::{RaftReply, RaftRequest};
-use openraft::error::{
-    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
-};
+use openraft::error::{InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -160,8 +158,12 @@ impl PeerClient {
         match result {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new(self.target, remote))),
-            Err(TransportError::Codec(e)) => Err(RPCError::Network(NetworkError::new(&e))),
-            Err(e) => Err(RPCError::Unreachable(Unreachable::new(&e))),
+            // Not `Unreachable`: that sends openraft's replication into a
+            // back-off whose `select!` is not `biased`, which draws on
+            // tokio's process-wide RNG and breaks replay inside a batch of
+            // simulation runs. A network error retries at the next
+            // heartbeat instead.
+            Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
         }
     }
 }
