@@ -358,8 +358,8 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
             .ip(IpAddr::from([10, 0, 2, c as u8 + 1]))
             .init(move || {
                 let world = w.clone();
-                let incarnation = incarnations.fetch_add(1, Ordering::SeqCst);
-                async move { consume(world, c, incarnation).await }
+                let incarnations = incarnations.clone();
+                async move { consume(world, c, incarnations).await }
             })
             .build();
         world.consumer_hosts.push(host.id());
@@ -479,8 +479,21 @@ fn seen(record: &pb::StoredRecord) -> Seen {
 
 /// One consumer-group member: poll, "process", and every few polls ack
 /// what it polled; now and then a hostile ack that must be refused.
-async fn consume(world: World, c: u32, incarnation: u64) {
-    let member = format!("c{c}-{incarnation}");
+async fn consume(world: World, c: u32, incarnations: Arc<AtomicU64>) {
+    // A member now and then leaves the group gracefully and a new one
+    // (another id) joins in its place.
+    loop {
+        let incarnation = incarnations.fetch_add(1, Ordering::SeqCst);
+        let member = format!("c{c}-{incarnation}");
+        let consumer = member_life(&world, c, &member).await;
+        world.record(&format!("consumer-{c}"), EventKind::Left { member: member.clone() });
+        let _ = consumer.leave().await;
+    }
+}
+
+/// One member from its join until it decides to leave; returns it then.
+async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
+    let member = member.to_string();
     let process = format!("consumer-{c}");
     let scenario = world.scenario.clone();
     let topics: Vec<String> = scenario.topics.iter().map(|t| t.name.clone()).collect();
@@ -499,6 +512,9 @@ async fn consume(world: World, c: u32, incarnation: u64) {
     // Partitions polled (even empty) per generation: the first poll claims.
     let mut claimed: BTreeSet<(u64, String, u32)> = BTreeSet::new();
     loop {
+        if world.now_ms() < scenario.safety_ms && rng.gen_ratio(1, 200) {
+            return consumer;
+        }
         let invoked_at_ms = world.now_ms();
         let deliveries = match consumer.poll(100, Duration::from_millis(300)).await {
             Ok(deliveries) => deliveries,

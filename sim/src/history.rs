@@ -51,6 +51,10 @@ pub enum EventKind {
         op: u64,
         error: String,
     },
+    /// A member left the group gracefully.
+    Left {
+        member: String,
+    },
     Joined {
         member: String,
         generation: u64,

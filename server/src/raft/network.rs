@@ -41,7 +41,15 @@ pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub struct Peers {
     channels: Arc<Mutex<BTreeMap<String, Channel>>>,
     answered: Arc<Mutex<BTreeMap<NodeId, tokio::time::Instant>>>,
+    /// Peers that just failed to answer, and until when no group on this
+    /// broker tries them again (a call waits until then): a down peer costs
+    /// one attempt per [`PEER_RETRY_AFTER`], not one per group per
+    /// heartbeat.
+    resting: Arc<Mutex<BTreeMap<NodeId, tokio::time::Instant>>>,
 }
+
+/// How long a peer that did not answer rests before the next attempt.
+pub const PEER_RETRY_AFTER: Duration = Duration::from_millis(200);
 
 /// A transport failure before the peer answered.
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +132,33 @@ enum Rpc {
 
 impl PeerClient {
     async fn call<Req: Serialize, Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
+        &self,
+        rpc: Rpc,
+        request: &Req,
+        option: &RPCOption,
+    ) -> Result<Result<Resp, RaftError<NodeId, E>>, TransportError> {
+        // Wait out the peer's rest rather than fail at once: failing at
+        // once would let openraft retry in the same instant, forever.
+        let resting_until = self.peers.resting.lock().expect("resting peers").get(&self.target).copied();
+        if let Some(until) = resting_until {
+            tokio::time::sleep_until(until).await;
+        }
+        let result = self.call_peer(rpc, request, option).await;
+        let mut resting = self.peers.resting.lock().expect("resting peers");
+        match &result {
+            Err(TransportError::Status(status))
+                if matches!(status.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) =>
+            {
+                resting.insert(self.target, tokio::time::Instant::now() + PEER_RETRY_AFTER);
+            }
+            _ => {
+                resting.remove(&self.target);
+            }
+        }
+        result
+    }
+
+    async fn call_peer<Req: Serialize, Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
         &self,
         rpc: Rpc,
         request: &Req,

@@ -86,6 +86,10 @@ mod cli {
         /// Stop starting seeds after this many seconds.
         #[arg(long)]
         budget_secs: Option<u64>,
+        /// A seed still running after this many wall seconds is killed and
+        /// reported (a simulation that stops advancing time hangs).
+        #[arg(long, default_value_t = 300)]
+        seed_timeout_secs: u64,
         #[command(flatten)]
         common: Common,
     }
@@ -207,22 +211,42 @@ mod cli {
         let budget = args.budget_secs.map(Duration::from_secs);
         let mut next = args.from;
         let end = args.from + args.count;
-        let mut running: Vec<(u64, Child)> = Vec::new();
+        let mut running: Vec<(u64, Child, Instant)> = Vec::new();
         let mut done: Vec<Summary> = Vec::new();
         let mut last_progress = Instant::now();
         loop {
             let out_of_time = budget.is_some_and(|b| started.elapsed() >= b);
             while running.len() < args.jobs.max(1) && next < end && !out_of_time {
-                running.push((next, spawn_seed(next, &args.common)?));
+                running.push((next, spawn_seed(next, &args.common)?, Instant::now()));
                 next += 1;
             }
             if running.is_empty() {
                 break;
             }
             let mut still = Vec::new();
-            for (seed, mut child) in running {
+            for (seed, mut child, since) in running {
                 match child.try_wait().map_err(|e| e.to_string())? {
-                    None => still.push((seed, child)),
+                    None if since.elapsed() >= Duration::from_secs(args.seed_timeout_secs) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        let violation = format!(
+                            "L1 liveness: the run of seed {seed} did not finish within {} wall s: simulated time stopped advancing",
+                            args.seed_timeout_secs
+                        );
+                        println!("seed {seed} FAILED: {violation}");
+                        println!("  replay: {}", replay_command(seed, &args.common));
+                        done.push(Summary {
+                            seed,
+                            trace_hash: 0,
+                            simulated_ms: 0,
+                            operations: 0,
+                            acknowledged: 0,
+                            duplicates: 0,
+                            faults: BTreeMap::new(),
+                            violations: vec![violation],
+                        });
+                    }
+                    None => still.push((seed, child, since)),
                     Some(_) => {
                         let output = child.wait_with_output().map_err(|e| e.to_string())?;
                         let line = String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or("").to_string();
