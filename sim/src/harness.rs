@@ -596,7 +596,9 @@ async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
 /// Every 200 ms, each live replica's committed group positions, recorded
 /// when they change (for G4).
 async fn sample_positions(world: World) {
-    let mut last: BTreeMap<(u64, u64, String, u32, String), (u64, u64)> = BTreeMap::new();
+    // (broker, incarnation, topic, partition, group) -> (position, high watermark)
+    type Sampled = BTreeMap<(u64, u64, String, u32, String), (u64, u64)>;
+    let mut last = Sampled::new();
     loop {
         for broker in &world.brokers {
             let Some(node) = broker.node() else { continue };
