@@ -10,6 +10,7 @@ use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataRejection, M
 use keel_core::{BrokerId, GroupName, Limits, MemberId, PartitionIndex, TimestampMs, TopicName};
 use proptest::prelude::*;
 
+#[path = "common/mod.rs"]
 mod common;
 
 fn limits() -> Limits {
@@ -362,50 +363,62 @@ fn rejection_kind(rejection: &MetadataRejection) -> &'static str {
     }
 }
 
+/// Command sequences, valid and invalid, for the model test and the fuzzer.
+pub fn commands() -> impl Strategy<Value = Vec<MetadataCommand>> {
+    proptest::collection::vec(command(), 1..80)
+}
+
+/// Apply `commands` to the state machine and to the model side by side,
+/// checking invariants, rejections and round trips after every step.
+pub fn check_commands(commands: &[MetadataCommand]) -> Result<(), TestCaseError> {
+    let mut state = MetadataState::new(limits());
+    let mut model = Model::new();
+    for (step, command) in commands.iter().enumerate() {
+        let at = TimestampMs(step as u64 * 10);
+        let before = state.clone();
+        let expected = model.expect(command);
+        let result = state.apply(at, command);
+        common::round_trip(command)?;
+        common::round_trip(&result)?;
+        common::round_trip(&state)?;
+        state.check_invariants().map_err(|e| TestCaseError::fail(format!("step {step} {command:?}: {e}")))?;
+        match (&expected, &result) {
+            (Ok(()), Ok(outcome)) => model.apply(command, outcome)?,
+            (Err(kind), Err(rejection)) => {
+                prop_assert_eq!(*kind, rejection_kind(rejection), "step {} {:?}", step, command);
+                prop_assert!(!rejection.to_string().is_empty());
+                prop_assert_eq!(state.brokers(), before.brokers());
+                prop_assert_eq!(state.topics(), before.topics());
+                prop_assert_eq!(state.groups(), before.groups());
+            }
+            _ => prop_assert!(false, "step {step} {command:?}: model expected {expected:?}, state gave {result:?}"),
+        }
+        model.compare(&state)?;
+        // Generations never go back, and move by one exactly when the
+        // assignment changed.
+        for (name, group) in state.groups() {
+            let Some(old) = before.group(name) else { continue };
+            let changed = old.assignment != group.assignment;
+            prop_assert_eq!(group.generation.0, old.generation.0 + u64::from(changed), "group {}", name);
+        }
+        if let Ok(MetadataOutcome::Joined { generation, partitions, .. }) = &result {
+            if let MetadataCommand::JoinGroup { group, member, .. } = command {
+                let info = state.group(&GroupName::new(group.as_str()).unwrap()).unwrap();
+                prop_assert_eq!(*generation, info.generation);
+                prop_assert_eq!(partitions, &info.partitions_of(&MemberId::new(member.as_str()).unwrap()));
+            }
+        }
+    }
+    let (applied, rejected) = state.command_counts();
+    prop_assert_eq!(applied + rejected, commands.len() as u64);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
 
     #[test]
-    fn metadata_matches_the_model(commands in proptest::collection::vec(command(), 1..80)) {
-        let mut state = MetadataState::new(limits());
-        let mut model = Model::new();
-        for (step, command) in commands.iter().enumerate() {
-            let at = TimestampMs(step as u64 * 10);
-            let before = state.clone();
-            let expected = model.expect(command);
-            let result = state.apply(at, command);
-            common::round_trip(command)?;
-            common::round_trip(&result)?;
-            common::round_trip(&state)?;
-            state.check_invariants().map_err(|e| TestCaseError::fail(format!("step {step} {command:?}: {e}")))?;
-            match (&expected, &result) {
-                (Ok(()), Ok(outcome)) => model.apply(command, outcome)?,
-                (Err(kind), Err(rejection)) => {
-                    prop_assert_eq!(*kind, rejection_kind(rejection), "step {} {:?}", step, command);
-                    prop_assert!(!rejection.to_string().is_empty());
-                    prop_assert_eq!(state.brokers(), before.brokers());
-                    prop_assert_eq!(state.topics(), before.topics());
-                    prop_assert_eq!(state.groups(), before.groups());
-                }
-                _ => prop_assert!(false, "step {step} {command:?}: model expected {expected:?}, state gave {result:?}"),
-            }
-            model.compare(&state)?;
-            // Generations never go back, and move by one exactly when the
-            // assignment changed.
-            for (name, group) in state.groups() {
-                let Some(old) = before.group(name) else { continue };
-                let changed = old.assignment != group.assignment;
-                prop_assert_eq!(group.generation.0, old.generation.0 + u64::from(changed), "group {}", name);
-            }
-            if let Ok(MetadataOutcome::Joined { generation, partitions, .. }) = &result {
-                if let MetadataCommand::JoinGroup { group, member, .. } = command {
-                    let info = state.group(&GroupName::new(group.as_str()).unwrap()).unwrap();
-                    prop_assert_eq!(*generation, info.generation);
-                    prop_assert_eq!(partitions, &info.partitions_of(&MemberId::new(member.as_str()).unwrap()));
-                }
-            }
-        }
-        let (applied, rejected) = state.command_counts();
-        prop_assert_eq!(applied + rejected, commands.len() as u64);
+    fn metadata_matches_the_model(commands in commands()) {
+        check_commands(&commands)?;
     }
 }

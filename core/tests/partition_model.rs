@@ -13,6 +13,7 @@ use keel_core::record::{Header, Record};
 use keel_core::{Generation, GroupName, Limits, Offset, ProducerId, Sequence, TimestampMs};
 use proptest::prelude::*;
 
+#[path = "common/mod.rs"]
 mod common;
 
 fn limits() -> Limits {
@@ -38,21 +39,21 @@ const MEMBERS: [&str; 3] = ["m1", "m2", ""];
 /// How a generated command picks a sequence or offset: relative to the
 /// model's state, so that valid commands are common.
 #[derive(Debug, Clone)]
-enum SequenceChoice {
+pub enum SequenceChoice {
     Next,
     Back(u64),
     Ahead(u64),
 }
 
 #[derive(Debug, Clone)]
-enum OffsetChoice {
+pub enum OffsetChoice {
     Read(u64),
     FromEnd(u64),
     Raw(u64),
 }
 
 #[derive(Debug, Clone)]
-enum Step {
+pub enum Step {
     Append { producer: Option<(u64, SequenceChoice)>, records: Vec<Record> },
     Claim { group: &'static str, member: &'static str, generation: u64 },
     Commit { group: &'static str, member: &'static str, generation: u64, offset: OffsetChoice },
@@ -330,77 +331,116 @@ impl Model {
     }
 }
 
+/// Steps and reads for the model test and the fuzzer.
+pub type Inputs = (Vec<(Step, u64, u8)>, Vec<(u64, u32, u64)>);
+
+/// Steps (with clock advances and skews) and reads to check after each.
+pub fn inputs() -> impl Strategy<Value = Inputs> {
+    (
+        proptest::collection::vec((step(), 0u64..40, 0u8..10), 1..80),
+        proptest::collection::vec((0u64..30, 0u32..7, 0u64..40), 80),
+    )
+}
+
+/// Apply the steps to the state machine and to the model side by side,
+/// checking outcomes, invariants, reads and round trips after every step.
+pub fn check_steps((steps, reads): Inputs) -> Result<(), TestCaseError> {
+    let mut state = PartitionState::new(limits());
+    let mut log = MemoryLog::new();
+    let mut model = Model {
+        limits: limits(),
+        log: Vec::new(),
+        log_start: 0,
+        last_append_at: 0,
+        producers: BTreeMap::new(),
+        groups: BTreeMap::new(),
+    };
+    let mut clock = 1_000u64;
+    for (index, ((step, advance, skew), (read_from, read_records, read_bytes))) in
+        steps.into_iter().zip(reads).enumerate()
+    {
+        // A leader's clock mostly moves forward; sometimes a new leader's
+        // clock is behind.
+        clock = if skew == 0 { clock.saturating_sub(advance * 3) } else { clock + advance };
+        let command = match step {
+            Step::Append { producer, records } => PartitionCommand::Append {
+                producer: producer.map(|(p, choice)| ProducerBatch {
+                    producer: ProducerId(p),
+                    sequence: Sequence(model.resolve_sequence(p, &choice)),
+                }),
+                records,
+            },
+            Step::Claim { group, member, generation } => PartitionCommand::Claim {
+                group: group.into(),
+                member: member.into(),
+                generation: Generation(generation),
+            },
+            Step::Commit { group, member, generation, offset } => PartitionCommand::Commit {
+                group: group.into(),
+                member: member.into(),
+                generation: Generation(generation),
+                offset: Offset(model.resolve_offset(&offset, group)),
+            },
+            Step::Reset { group, position } => PartitionCommand::ResetPosition {
+                group: group.into(),
+                position: Offset(model.resolve_offset(&position, group)),
+            },
+            Step::Retention { max_age_ms, max_bytes } => {
+                PartitionCommand::ApplyRetention { policy: RetentionPolicy { max_age_ms, max_bytes } }
+            }
+        };
+        let before = state.clone();
+        let expected = model.apply(clock, &command);
+        let result = state.apply(&mut log, TimestampMs(clock), &command).unwrap();
+        prop_assert_eq!(&result, &expected, "step {} {:?}", index, command);
+        common::round_trip(&command)?;
+        common::round_trip(&result)?;
+        common::round_trip(&state)?;
+        common::round_trip(&log)?;
+        if result.is_err() {
+            prop_assert_eq!(state.high_watermark(), before.high_watermark());
+            prop_assert_eq!(state.log_start(), before.log_start());
+            prop_assert_eq!(state.groups(), before.groups());
+            prop_assert_eq!(state.producers(), before.producers());
+        }
+        state.check_invariants(&log).map_err(|e| TestCaseError::fail(format!("step {index} {command:?}: {e}")))?;
+        prop_assert_eq!(state.high_watermark(), Offset(model.high_watermark()));
+        prop_assert_eq!(state.log_start(), Offset(model.log_start));
+        prop_assert_eq!(state.log_bytes(), model.bytes());
+        for (name, group) in &model.groups {
+            let real = &state.groups()[&GroupName::new(name.as_str()).unwrap()];
+            prop_assert_eq!(real.position.map(|p| p.0), group.position);
+            prop_assert_eq!(real.claim.as_ref().map(|c| (c.generation.0, c.member.to_string())), group.claim.clone());
+        }
+        // Reads return exactly the model's records, bounded by count and
+        // bytes (at least one record when any is there).
+        let read = state.read(&log, Offset(read_from), read_records, read_bytes);
+        if read_from < model.log_start || read_from > model.high_watermark() {
+            prop_assert!(read.is_err());
+        } else {
+            let records = read.unwrap();
+            let cap = read_records.min(limits().read_records_max) as usize;
+            let mut expected = Vec::new();
+            let mut bytes = 0;
+            for (offset, (record, time)) in model.log.iter().enumerate().skip(read_from as usize).take(cap) {
+                if !expected.is_empty() && bytes + size(record) > read_bytes {
+                    break;
+                }
+                bytes += size(record);
+                expected.push((offset as u64, record.clone(), *time));
+            }
+            let got: Vec<_> = records.into_iter().map(|r| (r.offset.0, r.record, r.append_time_ms.0)).collect();
+            prop_assert_eq!(got, expected);
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(400))]
 
     #[test]
-    fn partition_matches_the_model(
-        steps in proptest::collection::vec((step(), 0u64..40, 0u8..10), 1..80),
-        reads in proptest::collection::vec((0u64..30, 0u32..7, 0u64..40), 80),
-    ) {
-        let mut state = PartitionState::new(limits());
-        let mut log = MemoryLog::new();
-        let mut model = Model { limits: limits(), log: Vec::new(), log_start: 0, last_append_at: 0, producers: BTreeMap::new(), groups: BTreeMap::new() };
-        let mut clock = 1_000u64;
-        for (index, ((step, advance, skew), (read_from, read_records, read_bytes))) in steps.into_iter().zip(reads).enumerate() {
-            // A leader's clock mostly moves forward; sometimes a new leader's
-            // clock is behind.
-            clock = if skew == 0 { clock.saturating_sub(advance * 3) } else { clock + advance };
-            let command = match step {
-                Step::Append { producer, records } => PartitionCommand::Append {
-                    producer: producer.map(|(p, choice)| ProducerBatch { producer: ProducerId(p), sequence: Sequence(model.resolve_sequence(p, &choice)) }),
-                    records,
-                },
-                Step::Claim { group, member, generation } => PartitionCommand::Claim { group: group.into(), member: member.into(), generation: Generation(generation) },
-                Step::Commit { group, member, generation, offset } => PartitionCommand::Commit {
-                    group: group.into(), member: member.into(), generation: Generation(generation), offset: Offset(model.resolve_offset(&offset, group)),
-                },
-                Step::Reset { group, position } => PartitionCommand::ResetPosition { group: group.into(), position: Offset(model.resolve_offset(&position, group)) },
-                Step::Retention { max_age_ms, max_bytes } => PartitionCommand::ApplyRetention { policy: RetentionPolicy { max_age_ms, max_bytes } },
-            };
-            let before = state.clone();
-            let expected = model.apply(clock, &command);
-            let result = state.apply(&mut log, TimestampMs(clock), &command).unwrap();
-            prop_assert_eq!(&result, &expected, "step {} {:?}", index, command);
-            common::round_trip(&command)?;
-            common::round_trip(&result)?;
-            common::round_trip(&state)?;
-            common::round_trip(&log)?;
-            if result.is_err() {
-                prop_assert_eq!(state.high_watermark(), before.high_watermark());
-                prop_assert_eq!(state.log_start(), before.log_start());
-                prop_assert_eq!(state.groups(), before.groups());
-                prop_assert_eq!(state.producers(), before.producers());
-            }
-            state.check_invariants(&log).map_err(|e| TestCaseError::fail(format!("step {index} {command:?}: {e}")))?;
-            prop_assert_eq!(state.high_watermark(), Offset(model.high_watermark()));
-            prop_assert_eq!(state.log_start(), Offset(model.log_start));
-            prop_assert_eq!(state.log_bytes(), model.bytes());
-            for (name, group) in &model.groups {
-                let real = &state.groups()[&GroupName::new(name.as_str()).unwrap()];
-                prop_assert_eq!(real.position.map(|p| p.0), group.position);
-                prop_assert_eq!(real.claim.as_ref().map(|c| (c.generation.0, c.member.to_string())), group.claim.clone());
-            }
-            // Reads return exactly the model's records, bounded by count and
-            // bytes (at least one record when any is there).
-            let read = state.read(&log, Offset(read_from), read_records, read_bytes);
-            if read_from < model.log_start || read_from > model.high_watermark() {
-                prop_assert!(read.is_err());
-            } else {
-                let records = read.unwrap();
-                let cap = read_records.min(limits().read_records_max) as usize;
-                let mut expected = Vec::new();
-                let mut bytes = 0;
-                for (offset, (record, time)) in model.log.iter().enumerate().skip(read_from as usize).take(cap) {
-                    if !expected.is_empty() && bytes + size(record) > read_bytes {
-                        break;
-                    }
-                    bytes += size(record);
-                    expected.push((offset as u64, record.clone(), *time));
-                }
-                let got: Vec<_> = records.into_iter().map(|r| (r.offset.0, r.record, r.append_time_ms.0)).collect();
-                prop_assert_eq!(got, expected);
-            }
-        }
+    fn partition_matches_the_model(inputs in inputs()) {
+        check_steps(inputs)?;
     }
 }

@@ -27,7 +27,7 @@ const CACHE_BYTES: usize = 64 * 1024;
 type State = BTreeMap<u64, u64>;
 
 #[derive(Debug, Clone)]
-enum KvOp {
+pub enum KvOp {
     Insert(u64, u64),
     Remove(u64),
     // Enough keys to split leaves, so commits write many pages and a power-loss point can
@@ -37,7 +37,7 @@ enum KvOp {
 }
 
 #[derive(Debug, Clone)]
-enum Step {
+pub enum Step {
     /// A write transaction; `crash_seed` picks the crash outcome if the power goes out in it.
     Commit { ops: Vec<KvOp>, durable: bool, crash_seed: u64 },
     /// Power loss between commits.
@@ -50,7 +50,7 @@ enum Step {
 // The fields are read only through `Debug`, in failure messages.
 #[allow(dead_code)]
 #[derive(Debug)]
-enum Violation {
+pub enum Violation {
     ReopenFailed {
         step: usize,
         error: String,
@@ -95,7 +95,7 @@ impl Violation {
 
 /// What a sequence exercised, to show the generator reaches the interesting cases.
 #[derive(Debug, Default, Clone, Copy)]
-struct Coverage {
+pub struct Coverage {
     crashes: u64,
     commits_cut_by_power_loss: u64,
     recovered_newer_than_durable: u64,
@@ -325,7 +325,7 @@ fn live_mismatch(step: usize, detail: String) -> Violation {
 
 /// Runs one sequence; a panic inside redb is reported as a violation rather than unwinding,
 /// so a sweep can count it and go on.
-fn run_sequence(disk: CrashDisk, steps: &[Step], final_seed: u64) -> Result<Coverage, Violation> {
+pub fn run_sequence(disk: CrashDisk, steps: &[Step], final_seed: u64) -> Result<Coverage, Violation> {
     let run = || Harness::new(disk)?.run(steps, final_seed);
     panic::catch_unwind(AssertUnwindSafe(run))
         .unwrap_or_else(|payload| Err(Violation::Panicked { message: panic_message(payload.as_ref()) }))
@@ -355,7 +355,7 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-fn sequence() -> impl Strategy<Value = (Vec<Step>, u64)> {
+pub fn sequence() -> impl Strategy<Value = (Vec<Step>, u64)> {
     (prop::collection::vec(step(), 1..30), any::<u64>())
 }
 
