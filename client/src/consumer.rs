@@ -194,6 +194,13 @@ impl Consumer {
             Ok(response) => {
                 self.last_polled = Some((assigned.clone(), self.generation));
                 let next = self.session_next.get(&slot).copied().unwrap_or(0);
+                if response.high_watermark < next {
+                    // A log shorter than this session has read is a new log
+                    // (its topic was deleted and created again): read it
+                    // from the group's position next time.
+                    self.session_next.remove(&slot);
+                    return Ok(Vec::new());
+                }
                 #[cfg(madsim)]
                 let next = if keel_core::planted::is_planted(keel_core::planted::Bug::ConsumerNoOrderFilter) {
                     0

@@ -113,6 +113,29 @@ impl KeelService {
         Ok(pb::LeaveGroupResponse {})
     }
 
+    /// Confirm leadership of a partition's group with a quorum and wait
+    /// until this replica has applied up to the read index.
+    async fn confirm_leadership(&self, partition: &TopicPartition) -> Result<(), Status> {
+        let group = self.node.partition_group(partition).ok_or_else(|| self.hosted_elsewhere(partition))?;
+        let raft = self.node.raft(&group).ok_or_else(|| self.hosted_elsewhere(partition))?;
+        let (read, _) = raft.get_read_log_id().await.map_err(|error| {
+            Status::unavailable(format!(
+                "broker {} could not confirm it leads {partition}: {error}; retry",
+                self.node.id()
+            ))
+        })?;
+        let read = read.map_or(0, |log_id| log_id.index);
+        // Polls the metrics rather than waiting on them: a second waiter on
+        // openraft's metrics channel breaks determinism in simulation.
+        for _ in 0..1_000 {
+            if raft.metrics().borrow().last_applied.map_or(0, |log_id| log_id.index) >= read {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Err(Status::unavailable(format!("{partition} has not applied its committed entries yet; retry")))
+    }
+
     /// Fenced unless this leader's applied claim is the member's own.
     fn check_claim(
         &self,
@@ -122,6 +145,20 @@ impl KeelService {
         partition: &TopicPartition,
     ) -> Result<(), Status> {
         let Some(state) = self.node.partition(partition) else { return Err(self.hosted_elsewhere(partition)) };
+        // Only the leader serves a claim: a broker that lost leadership may
+        // not have applied a newer generation's claim yet.
+        let group_id = self.node.partition_group(partition);
+        let leader =
+            group_id.as_ref().and_then(|g| self.node.raft(g)).and_then(|r| r.metrics().borrow().current_leader);
+        if leader != Some(self.node.id()) {
+            let address = leader
+                .and_then(|id| self.node.metadata().brokers().get(&keel_core::BrokerId(id)).map(|b| b.address.clone()));
+            return Err(super::errors::not_leader(crate::node::ProposeError::NotLeader {
+                group: group_id.unwrap_or(crate::group::GroupId::Metadata),
+                leader,
+                address,
+            }));
+        }
         match state.groups().get(group).and_then(|g| g.claim.as_ref()) {
             Some(claim) if claim.generation == generation && claim.member == *member => Ok(()),
             Some(claim) => Err(Status::aborted(format!(
@@ -176,6 +213,14 @@ impl KeelService {
                 (Err(message), _) => return Err(Status::out_of_range(message)),
             };
             if !records.is_empty() || tokio::time::Instant::now() >= deadline {
+                if !records.is_empty() {
+                    // Confirm with a quorum that this broker still leads and
+                    // has applied everything committed (a read index); then
+                    // the claim it checks is current, and a deposed leader
+                    // cannot hand records to a fenced generation (G5).
+                    self.confirm_leadership(&partition).await?;
+                    self.check_claim(&group, &member, generation, &partition)?;
+                }
                 self.node.metrics().polled(records.len() as u64);
                 return Ok(pb::PollResponse {
                     records: records.into_iter().map(from_record).collect(),

@@ -68,18 +68,23 @@ fn names(raft: &Raft, node: NodeId) -> bool {
 }
 
 /// Add `node` as a learner unless it is already a member, then wait until
-/// the leader has replicated to it up to the change.
+/// the leader has replicated to it up to the change (for a member added by
+/// an earlier attempt: up to the log's end as it is now).
 async fn add_learner_and_catch_up(
     group: &GroupId,
     raft: &Raft,
     node: NodeId,
     address: String,
 ) -> Result<(), MembershipError> {
-    if names(raft, node) {
-        return Ok(());
-    }
-    let added = raft.add_learner(node, BasicNode { addr: address }, false).await.map_err(|e| write_error(group, e))?;
-    let target = added.log_id.index;
+    let target = if names(raft, node) {
+        raft.metrics().borrow().last_log_index.unwrap_or(0)
+    } else {
+        raft.add_learner(node, BasicNode { addr: address }, false)
+            .await
+            .map_err(|e| write_error(group, e))?
+            .log_id
+            .index
+    };
     let mut waited = Duration::ZERO;
     let step = Duration::from_millis(50);
     loop {
@@ -156,11 +161,17 @@ impl Node {
         if let Err(rejection) = self.metadata().apply(self.clock().now(), &command) {
             return Err(MembershipError::Rejected(rejection));
         }
-        if names(&raft, broker) {
-            let remaining: BTreeSet<NodeId> = voters(&raft).into_iter().filter(|v| *v != broker).collect();
-            raft.change_membership(ChangeMembers::ReplaceAllVoters(remaining), false)
-                .await
-                .map_err(|e| write_error(&group, e))?;
+        // Name only this broker: a change computed from a copy of the voters
+        // could undo a concurrent addition.
+        let change = if voters(&raft).contains(&broker) {
+            Some(ChangeMembers::RemoveVoters(BTreeSet::from([broker])))
+        } else if names(&raft, broker) {
+            Some(ChangeMembers::RemoveNodes(BTreeSet::from([broker])))
+        } else {
+            None
+        };
+        if let Some(change) = change {
+            raft.change_membership(change, false).await.map_err(|e| write_error(&group, e))?;
         }
         match self.propose(&group, Command::Metadata(command)).await? {
             Response::Metadata(Ok(MetadataOutcome::BrokerRemoved { .. })) => Ok(()),

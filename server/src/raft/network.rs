@@ -62,6 +62,8 @@ pub enum TransportError {
     Codec(#[from] postcard::Error),
     #[error("a {bytes}-byte message is over the {RAFT_MESSAGE_BYTES_MAX}-byte limit")]
     TooLarge { bytes: usize },
+    #[error("the peer did not answer a moment ago; it is tried again shortly")]
+    Resting,
 }
 
 impl Peers {
@@ -137,18 +139,23 @@ impl PeerClient {
         request: &Req,
         option: &RPCOption,
     ) -> Result<Result<Resp, RaftError<NodeId, E>>, TransportError> {
-        // Wait out the peer's rest rather than fail at once: failing at
-        // once would let openraft retry in the same instant, forever.
+        // Wait out the peer's rest, but no longer than the RPC's soft time
+        // limit, then fail: failing at once would let openraft retry in the
+        // same instant, forever; waiting longer would delay heartbeats.
         let resting_until = self.peers.resting.lock().expect("resting peers").get(&self.target).copied();
         if let Some(until) = resting_until {
-            tokio::time::sleep_until(until).await;
+            let give_up = tokio::time::Instant::now() + option.soft_ttl();
+            tokio::time::sleep_until(until.min(give_up)).await;
+            if until > give_up {
+                return Err(TransportError::Resting);
+            }
         }
         let result = self.call_peer(rpc, request, option).await;
         let mut resting = self.peers.resting.lock().expect("resting peers");
         match &result {
-            Err(TransportError::Status(status))
-                if matches!(status.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) =>
-            {
+            // Only a peer that could not be reached rests: one slow call
+            // (a timed-out snapshot chunk, say) says nothing of the others.
+            Err(TransportError::Status(status)) if status.code() == tonic::Code::Unavailable => {
                 resting.insert(self.target, tokio::time::Instant::now() + PEER_RETRY_AFTER);
             }
             _ => {
