@@ -6,9 +6,10 @@
 
 use keel_core::metadata::{MetadataCommand, MetadataState};
 use keel_core::partition::{MemoryLog, PartitionCommand, PartitionState};
-use keel_core::record::{Header, Record};
+use keel_core::record::Record;
 use keel_core::{GroupName, Limits, MemberId, Offset, TimestampMs, TopicName};
 use keel_proto::v1 as pb;
+use keel_server::api::to_record;
 use keel_server::raft::types::{Command, Request, TypeConfig};
 use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use openraft::EntryPayload;
@@ -62,15 +63,6 @@ fn names(topics: &[&str], groups: &[&str], members: &[&str]) {
     }
     for member in members {
         let _ = MemberId::new(*member);
-    }
-}
-
-fn to_record(record: pb::Record) -> Record {
-    Record {
-        key: record.key,
-        value: record.value,
-        headers: record.headers.into_iter().map(|h| Header { key: h.key, value: h.value }).collect(),
-        producer_timestamp_ms: record.producer_timestamp_ms.map(TimestampMs),
     }
 }
 

@@ -15,4 +15,4 @@ mod groups;
 mod service;
 
 pub use errors::{LEADER_METADATA, REPLICAS_METADATA};
-pub use service::KeelService;
+pub use service::{to_record, KeelService};

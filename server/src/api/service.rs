@@ -144,7 +144,8 @@ impl KeelService {
     }
 }
 
-fn to_record(record: pb::Record) -> Record {
+/// A record as the API received it, as the state machine takes it.
+pub fn to_record(record: pb::Record) -> Record {
     Record {
         key: record.key,
         value: record.value,

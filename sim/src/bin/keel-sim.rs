@@ -107,6 +107,22 @@ mod cli {
         violations: Vec<String>,
     }
 
+    impl Summary {
+        /// A seed whose run gave no summary of its own.
+        fn failed(seed: u64, violation: String) -> Summary {
+            Summary {
+                seed,
+                trace_hash: 0,
+                simulated_ms: 0,
+                operations: 0,
+                acknowledged: 0,
+                duplicates: 0,
+                faults: BTreeMap::new(),
+                violations: vec![violation],
+            }
+        }
+    }
+
     fn options(common: &Common) -> Result<RunOptions, String> {
         let plant = match &common.plant {
             Some(name) => Some(Plant::parse(name).ok_or_else(|| format!("unknown bug {name:?}: see --help"))?),
@@ -235,30 +251,17 @@ mod cli {
                         );
                         println!("seed {seed} FAILED: {violation}");
                         println!("  replay: {}", replay_command(seed, &args.common));
-                        done.push(Summary {
-                            seed,
-                            trace_hash: 0,
-                            simulated_ms: 0,
-                            operations: 0,
-                            acknowledged: 0,
-                            duplicates: 0,
-                            faults: BTreeMap::new(),
-                            violations: vec![violation],
-                        });
+                        done.push(Summary::failed(seed, violation));
                     }
                     None => still.push((seed, child, since)),
                     Some(_) => {
                         let output = child.wait_with_output().map_err(|e| e.to_string())?;
                         let line = String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or("").to_string();
-                        let summary = serde_json::from_str::<Summary>(&line).unwrap_or_else(|_| Summary {
-                            seed,
-                            trace_hash: 0,
-                            simulated_ms: 0,
-                            operations: 0,
-                            acknowledged: 0,
-                            duplicates: 0,
-                            faults: BTreeMap::new(),
-                            violations: vec![format!("G7 node failure: the run of seed {seed} crashed the process")],
+                        let summary = serde_json::from_str::<Summary>(&line).unwrap_or_else(|_| {
+                            Summary::failed(
+                                seed,
+                                format!("G7 node failure: the run of seed {seed} crashed the process"),
+                            )
                         });
                         if !summary.violations.is_empty() {
                             println!("seed {seed} FAILED: {}", summary.violations.join("; "));
