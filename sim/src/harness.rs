@@ -651,9 +651,21 @@ fn pick_fault(world: &World, rng: &mut impl Rng, lane: fn(FaultKind) -> bool) ->
     (!kinds.is_empty()).then(|| kinds[rng.gen_range(0..kinds.len())])
 }
 
-async fn between_faults(world: &World, rng: &mut impl Rng) {
+/// A lane's next fault, after a pause drawn around the scenario's
+/// interval; `None` once the safety phase is over or the lane has no kind.
+async fn next_fault(
+    world: &World,
+    over: &AtomicBool,
+    rng: &mut impl Rng,
+    lane: fn(FaultKind) -> bool,
+) -> Option<FaultKind> {
+    if over.load(Ordering::SeqCst) {
+        return None;
+    }
     let interval = world.scenario.fault_interval_ms;
     madsim::time::sleep(Duration::from_millis(rng.gen_range(interval / 2..=interval * 3 / 2))).await;
+    let kind = pick_fault(world, rng, lane)?;
+    (!over.load(Ordering::SeqCst)).then_some(kind)
 }
 
 fn fault_duration(world: &World, rng: &mut impl Rng) -> Duration {
@@ -691,12 +703,7 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
     Box::pin(async move {
         let mut rng = madsim::rand::thread_rng();
         let handle = Handle::current();
-        while !over.load(Ordering::SeqCst) {
-            between_faults(&world, &mut rng).await;
-            let Some(kind) = pick_fault(&world, &mut rng, FaultKind::is_node_fault) else { return };
-            if over.load(Ordering::SeqCst) {
-                return;
-            }
+        while let Some(kind) = next_fault(&world, &over, &mut rng, FaultKind::is_node_fault).await {
             let target = match kind {
                 FaultKind::LeaderCrash => some_leader(&world, &mut rng).unwrap_or(1),
                 _ => rng.gen_range(1..=world.scenario.brokers),
@@ -763,12 +770,7 @@ fn lane_network(
     Box::pin(async move {
         let mut rng = madsim::rand::thread_rng();
         let n = world.scenario.brokers as usize;
-        while !over.load(Ordering::SeqCst) {
-            between_faults(&world, &mut rng).await;
-            let Some(kind) = pick_fault(&world, &mut rng, FaultKind::is_network_fault) else { return };
-            if over.load(Ordering::SeqCst) {
-                return;
-            }
+        while let Some(kind) = next_fault(&world, &over, &mut rng, FaultKind::is_network_fault).await {
             let (brokers, clients) = all_hosts(&world);
             let mut order: Vec<usize> = (0..n).collect();
             for i in (1..n).rev() {
@@ -843,12 +845,7 @@ fn heal_network(world: &World) {
 fn lane_clocks(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
         let mut rng = madsim::rand::thread_rng();
-        while !over.load(Ordering::SeqCst) {
-            between_faults(&world, &mut rng).await;
-            let Some(kind) = pick_fault(&world, &mut rng, FaultKind::is_clock_fault) else { return };
-            if over.load(Ordering::SeqCst) {
-                return;
-            }
+        while let Some(kind) = next_fault(&world, &over, &mut rng, FaultKind::is_clock_fault).await {
             let target = rng.gen_range(1..=world.scenario.brokers);
             let clock = &world.brokers[target as usize - 1].clock;
             let detail = match kind {
@@ -881,12 +878,7 @@ fn lane_clients(
     Box::pin(async move {
         let mut rng = madsim::rand::thread_rng();
         let handle = Handle::current();
-        while !over.load(Ordering::SeqCst) {
-            between_faults(&world, &mut rng).await;
-            let Some(kind) = pick_fault(&world, &mut rng, FaultKind::is_client_fault) else { return };
-            if over.load(Ordering::SeqCst) {
-                return;
-            }
+        while let Some(kind) = next_fault(&world, &over, &mut rng, FaultKind::is_client_fault).await {
             let c = rng.gen_range(0..world.consumer_hosts.len());
             let host = world.consumer_hosts[c];
             let detail = format!("consumer {c}");
