@@ -21,7 +21,8 @@ pub struct RetryPolicy {
     /// First wait between attempts; doubles up to `backoff_max`.
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
-    /// Per-request timeout.
+    /// Per-attempt timeout of a request that does not wait on purpose; a
+    /// long poll gets its wait on top (see [`Client::call_waiting`]).
     pub request_timeout: Duration,
 }
 
@@ -50,7 +51,21 @@ pub enum ClientError {
     BadAddress { address: String, reason: String },
     #[error("no broker addresses were given")]
     NoBrokers,
+    /// The partition forgot this producer (its state was evicted or
+    /// expired), so the outcome of the batch being retried is unknown. The
+    /// producer now has a new id: send again what must be delivered (it may
+    /// then be appended twice).
+    #[error(
+        "the partition forgot producer {old_producer_id} ({reason}); the outcome of its unacknowledged batch is \
+         unknown. The producer continues as {new_producer_id}: send that batch again if it must be delivered"
+    )]
+    ProducerReset { old_producer_id: u64, new_producer_id: u64, reason: String },
 }
+
+/// Response metadata of a refusal that fences this process's member epoch.
+pub const FENCED_METADATA: &str = "keel-fenced";
+/// Response metadata of a refusal saying the partition forgot the producer.
+pub const PRODUCER_LOST_METADATA: &str = "keel-producer-lost";
 
 /// Where to send a request.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -135,8 +150,7 @@ impl Client {
         }
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| ClientError::BadAddress { address: address.to_string(), reason: e.to_string() })?
-            .connect_timeout(Duration::from_millis(1000))
-            .timeout(self.inner.policy.request_timeout);
+            .connect_timeout(Duration::from_millis(1000));
         let channel = endpoint.connect_lazy();
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
@@ -174,6 +188,18 @@ impl Client {
         F: Fn(KeelClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        self.call_waiting(route, Duration::ZERO, request).await
+    }
+
+    /// [`Client::call`] for a request that may wait up to `wait` on purpose
+    /// (a long poll): each attempt may take that long plus the policy's
+    /// request timeout.
+    pub async fn call_waiting<T, F, Fut>(&self, route: Route, wait: Duration, request: F) -> Result<T, ClientError>
+    where
+        F: Fn(KeelClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let attempt_timeout = self.inner.policy.request_timeout + wait;
         let policy = self.inner.policy;
         let started = tokio::time::Instant::now();
         let mut backoff = policy.backoff_initial;
@@ -193,7 +219,11 @@ impl Client {
             let client = KeelClient::new(self.channel(&address)?)
                 .max_decoding_message_size(MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(MESSAGE_BYTES_MAX);
-            match request(client).await {
+            let attempt = match tokio::time::timeout(attempt_timeout, request(client)).await {
+                Ok(result) => result,
+                Err(_) => Err(Status::deadline_exceeded(format!("no answer within {attempt_timeout:?}"))),
+            };
+            match attempt {
                 Ok(response) => {
                     self.learn(&route, &address);
                     return Ok(response.into_inner());

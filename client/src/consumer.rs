@@ -7,7 +7,7 @@ use std::time::Duration;
 use keel_proto::v1 as pb;
 use tonic::Code;
 
-use crate::client::{Client, ClientError, Route};
+use crate::client::{Client, ClientError, Route, FENCED_METADATA};
 
 /// One record as a member receives it.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +25,12 @@ pub struct Consumer {
     topics: Vec<String>,
     session_timeout_ms: u64,
     generation: u64,
+    /// This join's epoch, sent with every request so that an older process
+    /// of the same member id is fenced.
+    member_epoch: u64,
+    /// Whether the last join failed: it may still have committed, giving
+    /// this member id a newer epoch than the one held here.
+    join_uncertain: bool,
     partitions: Vec<pb::TopicPartition>,
     /// Round-robin over the assignment.
     next_partition: usize,
@@ -57,6 +63,8 @@ impl Consumer {
             topics,
             session_timeout_ms,
             generation: 0,
+            member_epoch: 0,
+            join_uncertain: false,
             partitions: Vec::new(),
             notices: Vec::new(),
             session_next: BTreeMap::new(),
@@ -71,6 +79,11 @@ impl Consumer {
     /// The generation this member is in.
     pub fn generation(&self) -> u64 {
         self.generation
+    }
+
+    /// The member epoch of this member's last join.
+    pub fn member_epoch(&self) -> u64 {
+        self.member_epoch
     }
 
     /// What happened to this member's membership since the last call: each
@@ -104,7 +117,10 @@ impl Consumer {
                 let r = request.clone();
                 async move { c.join_group(r).await }
             })
-            .await?;
+            .await;
+        self.join_uncertain = joined.is_err();
+        let joined = joined?;
+        self.member_epoch = joined.member_epoch;
         if joined.generation != self.generation {
             // A new session: the new generation's reads start afresh.
             self.session_next.clear();
@@ -113,6 +129,23 @@ impl Consumer {
         self.partitions = joined.partitions;
         self.last_heartbeat = tokio::time::Instant::now();
         Ok(())
+    }
+
+    /// Whether a refusal says a later join of this member id fenced this
+    /// one. If this member's own last join failed, that join may be the
+    /// later one: rejoin. Otherwise another process took the member id and
+    /// this one stops (rejoining would fence that one in turn).
+    async fn fenced_member(&mut self, status: &tonic::Status) -> Result<bool, ClientError> {
+        if status.metadata().get(FENCED_METADATA).is_none() {
+            return Ok(false);
+        }
+        if !self.join_uncertain {
+            return Err(ClientError::Refused(status.clone()));
+        }
+        self.notices
+            .push(format!("{}; the last join of this member may have been the later one: rejoining", status.message()));
+        self.rejoin().await?;
+        Ok(true)
     }
 
     /// Heartbeat if a third of the session has passed; rejoin if the group
@@ -125,6 +158,7 @@ impl Consumer {
             group: self.group.clone(),
             member: self.member.clone(),
             generation: self.generation,
+            member_epoch: self.member_epoch,
         };
         match self
             .client
@@ -148,6 +182,7 @@ impl Consumer {
                 ));
                 self.rejoin().await
             }
+            Err(ClientError::Refused(status)) if self.fenced_member(&status).await? => Ok(()),
             Err(error) => Err(error),
         }
     }
@@ -181,11 +216,12 @@ impl Consumer {
             max_bytes: 0,
             max_wait_ms: wait.as_millis() as u64,
             offset,
+            member_epoch: self.member_epoch,
         };
         let route = Route::Partition(assigned.topic.clone(), assigned.partition);
         match self
             .client
-            .call(route, |mut c| {
+            .call_waiting(route, wait, |mut c| {
                 let r = request.clone();
                 async move { c.poll(r).await }
             })
@@ -221,6 +257,14 @@ impl Consumer {
                 self.rejoin().await?;
                 Ok(Vec::new())
             }
+            Err(ClientError::Refused(status)) if status.code() == Code::NotFound => {
+                // The topic was deleted under the assignment: the group goes
+                // on with the topics that exist.
+                self.notices.push(format!("{}; rejoining", status.message()));
+                self.rejoin().await?;
+                Ok(Vec::new())
+            }
+            Err(ClientError::Refused(status)) if self.fenced_member(&status).await? => Ok(Vec::new()),
             Err(error) => Err(error),
         }
     }
@@ -237,6 +281,7 @@ impl Consumer {
             topic: topic.to_string(),
             partition,
             offset,
+            member_epoch: self.member_epoch,
         };
         let route = Route::Partition(topic.to_string(), partition);
         let acked = self
@@ -256,13 +301,23 @@ impl Consumer {
                 self.rejoin().await?;
                 Ok(None)
             }
+            Err(ClientError::Refused(status)) if status.code() == Code::NotFound => {
+                self.notices.push(format!("ack of {topic}/{partition} refused: {}; rejoining", status.message()));
+                self.rejoin().await?;
+                Ok(None)
+            }
+            Err(ClientError::Refused(status)) if self.fenced_member(&status).await? => Ok(None),
             Err(error) => Err(error),
         }
     }
 
     /// Leave the group: its partitions are handed on at once.
     pub async fn leave(self) -> Result<(), ClientError> {
-        let request = pb::LeaveGroupRequest { group: self.group.clone(), member: self.member.clone() };
+        let request = pb::LeaveGroupRequest {
+            group: self.group.clone(),
+            member: self.member.clone(),
+            member_epoch: self.member_epoch,
+        };
         self.client
             .call(Route::Metadata, |mut c| {
                 let r = request.clone();

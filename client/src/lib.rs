@@ -20,7 +20,7 @@ mod client;
 mod consumer;
 mod producer;
 
-pub use client::{Client, ClientError, RetryPolicy, Route};
+pub use client::{Client, ClientError, RetryPolicy, Route, FENCED_METADATA, PRODUCER_LOST_METADATA};
 pub use consumer::{Consumer, Delivery};
 pub use keel_proto::v1 as pb;
 pub use producer::{Producer, Sent};

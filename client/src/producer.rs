@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use keel_core::routing::{partition_for_key, KeylessSpreader};
 use keel_proto::v1 as pb;
 
-use crate::client::{Client, ClientError};
+use crate::client::{Client, ClientError, PRODUCER_LOST_METADATA};
 
 /// Where a batch landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +24,12 @@ pub struct Sent {
 /// its outcome is unknown: the batch is kept and resent, with its own
 /// sequence, before the next batch to that partition, so neither a
 /// duplicate nor a sequence gap can follow.
+///
+/// A partition may forget a producer (it remembers a bounded number). Then
+/// the resent batch's outcome cannot be known: the producer takes a new id,
+/// starts every partition afresh, and reports
+/// [`ClientError::ProducerReset`], so the caller decides whether to send
+/// that batch again.
 pub struct Producer {
     client: Client,
     producer_id: u64,
@@ -128,6 +134,17 @@ impl Producer {
                     base_offset: response.base_offset,
                     count: response.count,
                     duplicate: response.duplicate,
+                })
+            }
+            Err(ClientError::Refused(status)) if status.metadata().get(PRODUCER_LOST_METADATA).is_some() => {
+                let old_producer_id = self.producer_id;
+                self.producer_id = self.client.allocate_producer_id().await?;
+                self.sequences.clear();
+                self.unresolved.clear();
+                Err(ClientError::ProducerReset {
+                    old_producer_id,
+                    new_producer_id: self.producer_id,
+                    reason: status.message().to_string(),
                 })
             }
             Err(error) => {

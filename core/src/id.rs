@@ -18,9 +18,10 @@ pub enum NameError {
     /// The name is empty; give it 1 to 249 characters.
     #[error("{kind} name is empty: use 1-{NAME_BYTES_MAX} characters of [A-Za-z0-9._-]")]
     Empty { kind: String },
-    /// The name is longer than [`NAME_BYTES_MAX`].
-    #[error("{kind} name is {len} characters long: use at most {NAME_BYTES_MAX}")]
-    TooLong { kind: String, len: usize },
+    /// The name is longer than [`NAME_BYTES_MAX`] bytes (legal names are
+    /// ASCII, so bytes and characters agree for them).
+    #[error("{kind} name is {bytes} bytes long: use at most {NAME_BYTES_MAX} characters of [A-Za-z0-9._-]")]
+    TooLong { kind: String, bytes: usize },
     /// The name contains a character outside `[A-Za-z0-9._-]`.
     #[error("{kind} name contains {found:?}: use only [A-Za-z0-9._-]")]
     IllegalCharacter { kind: String, found: char },
@@ -35,11 +36,13 @@ fn validate_name(kind: &str, name: &str) -> Result<(), NameError> {
     if name.is_empty() {
         return Err(NameError::Empty { kind });
     }
-    if name.len() > NAME_BYTES_MAX {
-        return Err(NameError::TooLong { kind, len: name.chars().count() });
-    }
+    // Characters first: for a name of non-ASCII characters, the character
+    // is the thing to fix.
     if let Some(found) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
         return Err(NameError::IllegalCharacter { kind, found });
+    }
+    if name.len() > NAME_BYTES_MAX {
+        return Err(NameError::TooLong { kind, bytes: name.len() });
     }
     if name == "." || name == ".." {
         return Err(NameError::Reserved { kind, name: name.to_string() });
@@ -165,10 +168,24 @@ impl Generation {
     }
 }
 
+number_id!(
+    /// Milliseconds on a node's monotonic clock, from an arbitrary origin:
+    /// for deadlines (member sessions), which a step of the wall clock must
+    /// neither stretch nor cut. Never stored in replicated state.
+    MonotonicMs(u64)
+);
+
 impl TimestampMs {
     /// This time plus a duration, saturating.
     pub fn plus_ms(self, duration_ms: u64) -> TimestampMs {
         TimestampMs(self.0.saturating_add(duration_ms))
+    }
+}
+
+impl MonotonicMs {
+    /// This instant plus a duration, saturating.
+    pub fn plus_ms(self, duration_ms: u64) -> MonotonicMs {
+        MonotonicMs(self.0.saturating_add(duration_ms))
     }
 }
 
@@ -205,7 +222,10 @@ mod tests {
     #[test]
     fn illegal_names_are_refused_with_a_reason() {
         assert!(matches!(TopicName::new(""), Err(NameError::Empty { .. })));
-        assert!(matches!(TopicName::new("x".repeat(NAME_BYTES_MAX + 1)), Err(NameError::TooLong { len: 250, .. })));
+        assert!(matches!(TopicName::new("x".repeat(NAME_BYTES_MAX + 1)), Err(NameError::TooLong { bytes: 250, .. })));
+        // 200 x "é" is 400 bytes: the character is what to fix.
+        let accented = TopicName::new("é".repeat(200)).unwrap_err();
+        assert!(matches!(accented, NameError::IllegalCharacter { found: 'é', .. }), "{accented}");
         assert!(matches!(GroupName::new("a/b"), Err(NameError::IllegalCharacter { found: '/', .. })));
         assert!(matches!(MemberId::new("é"), Err(NameError::IllegalCharacter { found: 'é', .. })));
         assert!(matches!(TopicName::new(".."), Err(NameError::Reserved { .. })));

@@ -31,8 +31,8 @@ pub mod record;
 pub mod routing;
 
 pub use id::{
-    BrokerId, Generation, GroupName, MemberId, NameError, Offset, PartitionIndex, ProducerId, Sequence, TimestampMs,
-    TopicName, TopicPartition,
+    BrokerId, Generation, GroupName, MemberId, MonotonicMs, NameError, Offset, PartitionIndex, ProducerId, Sequence,
+    TimestampMs, TopicName, TopicPartition,
 };
 pub use invariant::InvariantViolation;
 pub use limits::Limits;

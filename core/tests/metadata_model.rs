@@ -59,7 +59,6 @@ fn command() -> impl Strategy<Value = MetadataCommand> {
 #[derive(Clone)]
 struct ModelMember {
     topics: BTreeSet<String>,
-    session_timeout_ms: u64,
     epoch: u64,
 }
 
@@ -173,6 +172,7 @@ impl Model {
                     || distinct.len() != replicas.len()
                     || replicas.len() > l.replication_factor_max as usize
                     || replicas.iter().any(|b| !self.brokers.contains_key(&b.0))
+                    || replicas.len() != partitions[0].len()
                 {
                     return Err("InvalidReplicas");
                 }
@@ -260,7 +260,7 @@ impl Model {
                 self.topics.get_mut(topic).unwrap()[partition.0 as usize] = replicas.iter().map(|b| b.0).collect();
             }
             (
-                MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor },
+                MetadataCommand::JoinGroup { group, member, topics, assignor, .. },
                 MetadataOutcome::Joined { member_epoch, .. },
             ) => {
                 let entry = self.groups.entry(group.clone()).or_insert(ModelGroup {
@@ -270,17 +270,9 @@ impl Model {
                 });
                 entry.assignor = *assignor;
                 let topics: BTreeSet<String> = topics.iter().cloned().collect();
-                let unchanged = entry
-                    .members
-                    .get(member)
-                    .is_some_and(|m| m.topics == topics && m.session_timeout_ms == *session_timeout_ms);
-                if !unchanged {
-                    entry.members.insert(
-                        member.clone(),
-                        ModelMember { topics, session_timeout_ms: *session_timeout_ms, epoch: entry.next_epoch },
-                    );
-                    entry.next_epoch += 1;
-                }
+                // Every join is a new membership epoch.
+                entry.members.insert(member.clone(), ModelMember { topics, epoch: entry.next_epoch });
+                entry.next_epoch += 1;
                 prop_assert_eq!(entry.members[member].epoch, *member_epoch);
             }
             (MetadataCommand::LeaveGroup { group, member }, _) => {

@@ -126,6 +126,10 @@ fn metadata_rejections() {
     assert!(matches!(rejected(mv(0, &[])), MetadataRejection::InvalidReplicas { .. }));
     assert!(matches!(rejected(mv(0, &[1, 1])), MetadataRejection::InvalidReplicas { .. }));
     assert!(matches!(rejected(mv(0, &[1, 5])), MetadataRejection::InvalidReplicas { .. }));
+    // The topic has replication factor 2: a move keeps it.
+    assert!(
+        matches!(rejected(mv(0, &[1])), MetadataRejection::InvalidReplicas { ref reason, .. } if reason.contains("replication factor 2"))
+    );
     assert!(matches!(
         rejected(MetadataCommand::LeaveGroup { group: "h".into(), member: "m".into() }),
         MetadataRejection::UnknownGroup { .. }

@@ -5,11 +5,15 @@
 //! the simulation madsim fakes the system clock with one global time, so
 //! each node's `Clock` adds its own offset and drift, and the simulation can
 //! jump it: that is how keel gets per-node clock skew under madsim.
+//!
+//! Deadlines (member sessions) read [`Clock::monotonic`] instead: the
+//! runtime's monotonic clock, which skew and jumps of the wall clock do not
+//! move (under madsim, simulated monotonic time).
 
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use keel_core::TimestampMs;
+use keel_core::{MonotonicMs, TimestampMs};
 
 /// How one node's clock departs from true (simulated) time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -27,6 +31,9 @@ pub struct Skew {
 #[derive(Debug, Clone, Default)]
 pub struct Clock {
     skew: Arc<Mutex<Skew>>,
+    /// The origin of [`Clock::monotonic`], taken at its first reading (so
+    /// that it is read inside the runtime, simulated or not).
+    origin: Arc<std::sync::OnceLock<tokio::time::Instant>>,
 }
 
 impl Clock {
@@ -40,6 +47,13 @@ impl Clock {
         let true_ms = true_time_ms();
         let skew = *self.skew.lock().expect("clock lock");
         TimestampMs(apply_skew(true_ms, skew))
+    }
+
+    /// Milliseconds on the runtime's monotonic clock since this clock was
+    /// first read: for deadlines, never for stamps.
+    pub fn monotonic(&self) -> MonotonicMs {
+        let origin = *self.origin.get_or_init(tokio::time::Instant::now);
+        MonotonicMs(origin.elapsed().as_millis() as u64)
     }
 
     /// Set this clock's skew (simulation and tests only).
@@ -79,6 +93,16 @@ mod tests {
         // 1,000 s after drift started, 1,000 ppm adds 1 s.
         assert_eq!(apply_skew(2_000_000, skew), 2_000_000 - 500 + 1_000);
         assert_eq!(apply_skew(10, Skew { offset_ms: -100, ..Skew::default() }), 0);
+    }
+
+    #[tokio::test]
+    async fn jumps_move_the_wall_clock_but_not_the_monotonic_one() {
+        let clock = Clock::system();
+        let before = clock.monotonic();
+        clock.jump(-3_600_000);
+        clock.jump(7_200_000);
+        let after = clock.monotonic();
+        assert!(after >= before && after.0 - before.0 < 60_000, "{before} -> {after}");
     }
 
     #[test]

@@ -3,9 +3,14 @@
 //!
 //! Groups follow the metadata: after every applied metadata batch the
 //! reconciler starts the partition groups placed on this broker and stops
-//! those no longer placed here. A partition group is initialised by its
-//! preferred leader (its first replica). A restarted node reopens exactly
-//! the groups the metadata places on it.
+//! those no longer placed here. A partition group that was never moved
+//! (placement epoch 0) is initialised by every replica placed on it, each
+//! with the same membership (the placement), as the metadata group's
+//! voters do: so a topic created while one of its brokers is down still
+//! gets a leader from the others. A moved placement is never initialised
+//! again: its group exists, and a replica that joins it catches up as a
+//! learner. A restarted node reopens exactly the groups the metadata places
+//! on it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -130,9 +135,9 @@ pub struct Cursor {
 
 /// A partition group as the metadata places it.
 struct PlacedGroup {
-    /// The broker that initialises the group: its first replica while the
-    /// placement was never moved, otherwise none (0).
-    initializer: NodeId,
+    /// Whether this replica initialises the group (with `members`) if its
+    /// log is empty: only while the placement was never moved.
+    initialize: bool,
     members: BTreeMap<NodeId, BasicNode>,
 }
 
@@ -154,9 +159,12 @@ struct NodeInner {
     /// metadata group (the group coordinator).
     sessions: Mutex<GroupSessions>,
     was_metadata_leader: Mutex<bool>,
-    /// Where each group's claimed partitions are read next, on their leader
-    /// (soft state: a new leader starts from the committed position).
-    cursors: Mutex<BTreeMap<(GroupName, TopicPartition), Cursor>>,
+    /// The claim this leader made per consumer group on each partition
+    /// group led here (soft state: a new leader claims again). Keyed by the
+    /// Raft group, which names the topic's incarnation, so a topic deleted
+    /// and created again starts without claims; a stopped group's cursors
+    /// are dropped with it.
+    cursors: Mutex<BTreeMap<(GroupId, GroupName), Cursor>>,
     /// Partition groups whose leader (this broker) is changing their
     /// membership to follow a move.
     membership_changes: Mutex<BTreeSet<GroupId>>,
@@ -358,27 +366,33 @@ impl Node {
         &self,
         group: &GroupName,
         member: &MemberId,
+        member_epoch: u64,
         generation: Generation,
     ) -> Result<HeartbeatReply, HeartbeatError> {
-        let now = self.inner.clock.now();
+        let now = self.inner.clock.monotonic();
         let metadata = self.metadata();
-        self.inner.sessions.lock().expect("sessions").heartbeat(&metadata, group, member, generation, now)
+        self.inner.sessions.lock().expect("sessions").heartbeat(&metadata, group, member, member_epoch, generation, now)
     }
 
     /// Follow the metadata in the coordinator's sessions (after a join).
     pub fn sync_sessions(&self) {
-        let now = self.inner.clock.now();
+        let now = self.inner.clock.monotonic();
         let metadata = self.metadata();
         self.inner.sessions.lock().expect("sessions").sync(&metadata, now);
     }
 
-    /// A group's cursor on a partition led here.
-    pub fn cursor(&self, group: &GroupName, partition: &TopicPartition) -> Option<Cursor> {
-        self.inner.cursors.lock().expect("cursors").get(&(group.clone(), partition.clone())).cloned()
+    /// A consumer group's cursor on a partition group led here.
+    pub fn cursor(&self, partition: &GroupId, group: &GroupName) -> Option<Cursor> {
+        self.inner.cursors.lock().expect("cursors").get(&(partition.clone(), group.clone())).cloned()
     }
 
-    pub fn set_cursor(&self, group: &GroupName, partition: &TopicPartition, cursor: Cursor) {
-        self.inner.cursors.lock().expect("cursors").insert((group.clone(), partition.clone()), cursor);
+    pub fn set_cursor(&self, partition: &GroupId, group: &GroupName, cursor: Cursor) {
+        self.inner.cursors.lock().expect("cursors").insert((partition.clone(), group.clone()), cursor);
+    }
+
+    /// How many cursors this broker keeps (for tests of their pruning).
+    pub fn cursor_count(&self) -> usize {
+        self.inner.cursors.lock().expect("cursors").len()
     }
 
     /// Why this node can no longer work, if it cannot: a storage error, or
@@ -459,12 +473,12 @@ impl Node {
                         )
                     })
                     .collect();
-                // A group is created once, by its first replica, at epoch 0;
-                // moved replicas join an existing group instead.
-                let initializer =
-                    if placement.epoch == 0 { placement.preferred_leader().map_or(0, |b| b.0) } else { 0 };
+                // Every replica of a never-moved placement initialises the
+                // group with the same membership; moved replicas join the
+                // existing group instead.
+                let initialize = placement.epoch == 0;
                 let tp = TopicPartition::new(topic.clone(), keel_core::PartitionIndex(index as u32));
-                placed.insert(GroupId::Partition(tp, info.id), PlacedGroup { initializer, members });
+                placed.insert(GroupId::Partition(tp, info.id), PlacedGroup { initialize, members });
             }
         }
         placed
@@ -502,7 +516,7 @@ impl Node {
                 GroupStateMachine::initial_partition(limits),
             )?;
             let raft = self.start_group(group.clone(), state_machine).await?;
-            if placement.initializer == self.id() && !raft.is_initialized().await.unwrap_or(true) {
+            if placement.initialize && !raft.is_initialized().await.unwrap_or(true) {
                 if let Err(error) = raft.initialize(placement.members.clone()).await {
                     tracing::debug!(%error, %group, "partition group already initialised");
                 }
@@ -515,6 +529,7 @@ impl Node {
                 continue;
             }
             let handle = self.inner.groups.lock().expect("groups").remove(group);
+            self.inner.cursors.lock().expect("cursors").retain(|(partition, _), _| partition != group);
             if let Some(handle) = handle {
                 let _ = handle.raft.shutdown().await;
                 // The topic is gone (a topic created again gets new groups),
@@ -546,7 +561,9 @@ impl Node {
         if !leading {
             return;
         }
-        let now = self.inner.clock.now();
+        // Session deadlines are monotonic: a step of the wall clock neither
+        // keeps a dead member nor expires the live ones.
+        let now = self.inner.clock.monotonic();
         let expired = {
             let state = self.metadata();
             let mut sessions = self.inner.sessions.lock().expect("sessions");

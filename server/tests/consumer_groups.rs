@@ -69,6 +69,7 @@ async fn members_share_partitions_and_an_old_generation_is_fenced() {
         group: "workers".into(),
         member: "a".into(),
         generation: old_generation,
+        member_epoch: a.member_epoch(),
         topic: taken.topic.clone(),
         partition: taken.partition,
         offset: 0,

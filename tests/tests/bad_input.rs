@@ -71,10 +71,11 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
         topics: vec!["t".into()],
         session_timeout_ms: 30_000,
     };
-    let poll = |member: &str, generation: u64| pb::PollRequest {
+    let poll = |member: &str, generation: u64, member_epoch: u64| pb::PollRequest {
         group: "g".into(),
         member: member.into(),
         generation,
+        member_epoch,
         topic: "t".into(),
         partition: 0,
         max_records: 10,
@@ -82,22 +83,27 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
         max_wait_ms: 0,
         offset: None,
     };
-    let ack = |member: &str, generation: u64, offset: u64| pb::AckRequest {
+    let ack = |member: &str, generation: u64, member_epoch: u64, offset: u64| pb::AckRequest {
         group: "g".into(),
         member: member.into(),
         generation,
+        member_epoch,
         topic: "t".into(),
         partition: 0,
         offset,
     };
-    let old = c.join_group(join("m1")).await.unwrap().into_inner().generation;
-    c.poll(poll("m1", old)).await.unwrap();
-    c.leave_group(pb::LeaveGroupRequest { group: "g".into(), member: "m1".into() }).await.unwrap();
-    let new = c.join_group(join("m2")).await.unwrap().into_inner().generation;
+    let m1 = c.join_group(join("m1")).await.unwrap().into_inner();
+    let (old, old_epoch) = (m1.generation, m1.member_epoch);
+    c.poll(poll("m1", old, old_epoch)).await.unwrap();
+    c.leave_group(pb::LeaveGroupRequest { group: "g".into(), member: "m1".into(), member_epoch: old_epoch })
+        .await
+        .unwrap();
+    let m2 = c.join_group(join("m2")).await.unwrap().into_inner();
+    let (new, epoch) = (m2.generation, m2.member_epoch);
     assert!(new > old);
     let owner = "m2";
-    c.poll(poll(owner, new)).await.unwrap();
-    c.ack(ack(owner, new, 0)).await.unwrap();
+    c.poll(poll(owner, new, epoch)).await.unwrap();
+    c.ack(ack(owner, new, epoch, 0)).await.unwrap();
 
     let too_big = (1024 * 1024 + 1) as usize;
     let refusals = vec![
@@ -120,7 +126,7 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
             "group",
             c.join_group(pb::JoinGroupRequest { group: "".into(), ..join("m3") }).await,
         ),
-        refused("poll: illegal member", Code::InvalidArgument, "member", c.poll(poll("bad member", new)).await),
+        refused("poll: illegal member", Code::InvalidArgument, "member", c.poll(poll("bad member", new, epoch)).await),
         // Unknown topic, partition, group, member, broker.
         refused(
             "produce: unknown topic",
@@ -162,13 +168,19 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
             "heartbeat: unknown member",
             Code::NotFound,
             "join",
-            c.heartbeat(pb::HeartbeatRequest { group: "g".into(), member: "ghost".into(), generation: new }).await,
+            c.heartbeat(pb::HeartbeatRequest {
+                group: "g".into(),
+                member: "ghost".into(),
+                generation: new,
+                member_epoch: 1,
+            })
+            .await,
         ),
         refused(
             "leave: unknown member",
             Code::NotFound,
             "join",
-            c.leave_group(pb::LeaveGroupRequest { group: "g".into(), member: "ghost".into() }).await,
+            c.leave_group(pb::LeaveGroupRequest { group: "g".into(), member: "ghost".into(), member_epoch: 1 }).await,
         ),
         refused(
             "remove broker: unknown",
@@ -183,8 +195,56 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
             c.move_partition(pb::MovePartitionRequest { topic: "t".into(), partition: 0, replicas: vec![9] }).await,
         ),
         // Stale generation: fenced.
-        refused("poll: stale generation", Code::Aborted, "fenced", c.poll(poll("m1", old)).await),
-        refused("ack: stale generation", Code::Aborted, "fenced", c.ack(ack("m1", old, 1)).await),
+        refused("poll: stale generation", Code::Aborted, "fenced", c.poll(poll("m1", old, old_epoch)).await),
+        refused("ack: stale generation", Code::Aborted, "fenced", c.ack(ack("m1", old, old_epoch, 1)).await),
+        // Forged claims: a generation the coordinator never gave, a process
+        // that is not a member, an epoch of an older join.
+        refused(
+            "poll: forged generation",
+            Code::Unavailable,
+            "cannot choose",
+            c.poll(poll("intruder", 1_000_001, 1)).await,
+        ),
+        refused(
+            "ack: forged generation",
+            Code::Unavailable,
+            "cannot choose",
+            c.ack(ack("intruder", 1_000_001, 1, 1)).await,
+        ),
+        refused("poll: not a member", Code::Aborted, "not in group", c.poll(poll("intruder", new, 1)).await),
+        refused("ack: not a member", Code::Aborted, "not in group", c.ack(ack("intruder", new, 1, 1)).await),
+        refused("poll: older member epoch", Code::FailedPrecondition, "fenced", c.poll(poll(owner, new, 0)).await),
+        refused("ack: older member epoch", Code::FailedPrecondition, "fenced", c.ack(ack(owner, new, 0, 1)).await),
+        refused(
+            "heartbeat: older member epoch",
+            Code::FailedPrecondition,
+            "fenced",
+            c.heartbeat(pb::HeartbeatRequest {
+                group: "g".into(),
+                member: owner.into(),
+                generation: new,
+                member_epoch: 0,
+            })
+            .await,
+        ),
+        refused(
+            "leave: older member epoch",
+            Code::FailedPrecondition,
+            "fenced",
+            c.leave_group(pb::LeaveGroupRequest { group: "g".into(), member: owner.into(), member_epoch: 0 }).await,
+        ),
+        refused(
+            "create: non-ASCII name",
+            Code::InvalidArgument,
+            "'é'",
+            c.create_topic(create(&"é".repeat(200), 1, 1)).await,
+        ),
+        refused(
+            "remove broker: the last one",
+            Code::FailedPrecondition,
+            "last metadata voter",
+            c.remove_broker(pb::RemoveBrokerRequest { broker: 1 }).await,
+        ),
         // Oversized record and batch; empty batch.
         refused(
             "produce: record too large",
@@ -217,7 +277,12 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
             "",
             c.read(pb::ReadRequest { topic: "t".into(), partition: 0, offset: 99, ..Default::default() }).await,
         ),
-        refused("ack: past the high watermark", Code::OutOfRange, "high watermark", c.ack(ack(owner, new, 99)).await),
+        refused(
+            "ack: past the high watermark",
+            Code::OutOfRange,
+            "high watermark",
+            c.ack(ack(owner, new, epoch, 99)).await,
+        ),
         refused(
             "reset: while members remain",
             Code::FailedPrecondition,
@@ -283,6 +348,16 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
     let group = c.describe_group(pb::DescribeGroupRequest { group: "g".into() }).await.unwrap().into_inner();
     assert_eq!(group.generation, new);
     assert_eq!(group.members.len(), 1);
+    // The forged polls and acks fenced nobody: the owner still polls and
+    // acks, and the group's position is where the owner left it.
+    c.poll(poll(owner, new, epoch)).await.unwrap();
+    let position = c
+        .group_position(pb::GroupPositionRequest { group: "g".into(), topic: "t".into(), partition: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(position.position, 1);
+    c.ack(ack(owner, new, epoch, 1)).await.unwrap();
     c.produce(produce("t", vec![record(b"three".to_vec())])).await.unwrap();
     assert_eq!(high_watermark(&mut c).await, 3);
 }

@@ -28,7 +28,9 @@ pub enum MetadataCommand {
     /// Move one partition's replicas to another set of brokers.
     MoveReplicas { topic: String, partition: PartitionIndex, replicas: Vec<BrokerId> },
     /// Add a member to a group (creating the group), or change its
-    /// subscription. Rejoining with the same subscription changes nothing.
+    /// subscription. Every join gives the member a new epoch (fencing the
+    /// holder of the older one); rejoining with the same subscription keeps
+    /// the assignment and the generation.
     JoinGroup { group: String, member: String, topics: Vec<String>, session_timeout_ms: u64, assignor: AssignorKind },
     /// Remove a member; its partitions are handed on at once.
     LeaveGroup { group: String, member: String },

@@ -248,12 +248,24 @@ impl MetadataState {
             return Err(MetadataRejection::UnknownTopic { topic: topic.to_string() });
         };
         let partitions = info.partitions.len() as u32;
-        let Some(placement) = info.partitions.get_mut(partition.0 as usize) else {
+        if partition.0 >= partitions {
             return Err(MetadataRejection::UnknownPartition { topic: name, partition, partitions });
-        };
+        }
+        let reason = reason.or_else(|| {
+            (replicas.len() as u64 != u64::from(info.replication_factor)).then(|| {
+                format!(
+                    "it has {} replicas, and topic {name} has replication factor {}: name exactly that many brokers",
+                    replicas.len(),
+                    info.replication_factor
+                )
+            })
+        });
         if let Some(reason) = reason {
             return Err(MetadataRejection::InvalidReplicas { replicas: replicas.to_vec(), reason });
         }
+        let Some(placement) = info.partitions.get_mut(partition.0 as usize) else {
+            return Err(MetadataRejection::UnknownPartition { topic: name, partition, partitions });
+        };
         let from = std::mem::replace(&mut placement.replicas, replicas.to_vec());
         placement.epoch = placement.epoch.saturating_add(1);
         Ok(MetadataOutcome::ReplicasMoved {
@@ -302,17 +314,17 @@ impl MetadataState {
         let counts = self.partition_counts();
         let info = self.groups.entry(group_name).or_insert_with(|| GroupInfo::new(assignor));
         info.assignor = assignor;
-        let unchanged = info
-            .members
-            .get(&member_id)
-            .is_some_and(|m| m.topics == subscription && m.session_timeout_ms == session_timeout_ms);
-        if !unchanged {
-            let member_epoch = info.next_member_epoch;
-            info.next_member_epoch += 1;
-            info.members.insert(
-                member_id.clone(),
-                MemberInfo { topics: subscription, session_timeout_ms, member_epoch, joined_at: at },
-            );
+        // Every join is a new membership with its own epoch, so that an
+        // older process (or an earlier join) of the same member id is
+        // fenced; only a changed subscription moves partitions.
+        let resubscribed = info.members.get(&member_id).is_none_or(|m| m.topics != subscription);
+        let member_epoch = info.next_member_epoch;
+        info.next_member_epoch += 1;
+        info.members.insert(
+            member_id.clone(),
+            MemberInfo { topics: subscription, session_timeout_ms, member_epoch, joined_at: at },
+        );
+        if resubscribed {
             info.rebalance(&counts);
         }
         Ok(MetadataOutcome::Joined {

@@ -6,11 +6,18 @@
 //! (the G5 fence); every later poll and ack is checked against the claim
 //! this leader has applied, so a member of an older generation is told it
 //! was fenced (`ABORTED`) as soon as a newer one has claimed.
+//!
+//! A client's claims are checked, never trusted: before a Claim or Commit
+//! is proposed, the member, its member epoch, its generation and its
+//! ownership of the partition are checked against this broker's replica of
+//! the coordinator's metadata ([`check_member`]). A generation above that
+//! replica's is either not applied here yet or forged: the client is told to
+//! retry, and no client can raise a group's generation.
 
 use std::time::Duration;
 
 use keel_core::coordinator::{HeartbeatError, HeartbeatReply};
-use keel_core::metadata::{MetadataCommand, MetadataOutcome};
+use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState};
 use keel_core::partition::{PartitionCommand, PartitionOutcome};
 use keel_core::{Generation, GroupName, MemberId, Offset, TopicName, TopicPartition};
 use keel_proto::v1 as pb;
@@ -27,6 +34,61 @@ const POLL_WAIT_MS_MAX: u64 = 30_000;
 // `Clock`: a skewed or jumping wall clock must not stretch or cut a long
 // poll. The `Clock` is for timestamps that enter commands and for session
 // expiry.
+
+/// Whether `member`, joined with `member_epoch`, may poll or ack
+/// `partition` in `generation`, as `metadata` (this broker's replica of the
+/// coordinator's state) knows the group.
+pub(super) fn check_member(
+    metadata: &MetadataState,
+    broker: u64,
+    group: &GroupName,
+    member: &MemberId,
+    member_epoch: u64,
+    generation: Generation,
+    partition: &TopicPartition,
+) -> Result<(), Status> {
+    let Some(info) = metadata.group(group) else {
+        return Err(Status::unavailable(format!(
+            "group {group} is not known on broker {broker} yet: retry shortly, or join the group first"
+        )));
+    };
+    if generation > info.generation {
+        return Err(Status::unavailable(format!(
+            "group {group} is at generation {} on broker {broker}, behind the {generation} you sent: retry shortly \
+             (generations come from JoinGroup; a client cannot choose one)",
+            info.generation
+        )));
+    }
+    if generation < info.generation {
+        return Err(Status::aborted(format!(
+            "group {group} generation {generation} is fenced: the group is at generation {}; rejoin the group",
+            info.generation
+        )));
+    }
+    let Some(joined) = info.members.get(member) else {
+        return Err(Status::aborted(format!(
+            "member {member} is not in group {group} (its session may have expired): rejoin the group"
+        )));
+    };
+    if joined.member_epoch != member_epoch {
+        return Err(super::errors::fenced_member(&HeartbeatError::Fenced {
+            group: group.clone(),
+            member: member.clone(),
+            current: joined.member_epoch,
+            given: member_epoch,
+        }));
+    }
+    match info.assignment.owner(partition) {
+        Some(owner) if owner == member => Ok(()),
+        Some(owner) => Err(Status::aborted(format!(
+            "{partition} is assigned to member {owner} of group {group} in generation {generation}, not to {member}: \
+             rejoin the group and poll the partitions it assigns you"
+        ))),
+        None => Err(Status::aborted(format!(
+            "group {group} assigns {partition} to no member in generation {generation}: rejoin the group"
+        ))),
+    }
+}
 
 /// How often a waiting poll looks again.
 const POLL_RECHECK: Duration = Duration::from_millis(10);
@@ -52,16 +114,22 @@ impl KeelService {
         GroupName::new(request.group.as_str()).map_err(invalid_name)?;
         MemberId::new(request.member.as_str()).map_err(invalid_name)?;
         self.ensure_coordinator().await?;
-        // Subscribing to a topic that does not exist is almost always a typo:
-        // refuse it here (the coordinator's metadata is authoritative).
+        // A subscription none of whose topics exists is almost always a
+        // typo: refuse it (the coordinator's metadata is authoritative). A
+        // subscribed topic that was deleted is not: the group goes on with
+        // the topics that exist, and picks the topic up if it is created
+        // again (as Kafka does).
         let metadata = self.node.metadata();
+        let mut names = Vec::with_capacity(request.topics.len());
         for topic in &request.topics {
-            let name = TopicName::new(topic.as_str()).map_err(invalid_name)?;
-            if metadata.topic(&name).is_none() {
-                return Err(Status::not_found(format!(
-                    "topic {name} does not exist: create it first, or subscribe to existing topics"
-                )));
-            }
+            names.push(TopicName::new(topic.as_str()).map_err(invalid_name)?);
+        }
+        if !names.is_empty() && names.iter().all(|name| metadata.topic(name).is_none()) {
+            let names: Vec<String> = names.iter().map(ToString::to_string).collect();
+            return Err(Status::not_found(format!(
+                "no subscribed topic exists ({} does not exist): create one first, or subscribe to existing topics",
+                names.join(", ")
+            )));
         }
         let command = MetadataCommand::JoinGroup {
             group: request.group,
@@ -71,13 +139,13 @@ impl KeelService {
             assignor: Default::default(),
         };
         match self.propose_metadata(command).await? {
-            MetadataOutcome::Joined { generation, partitions, .. } => {
+            MetadataOutcome::Joined { generation, member_epoch, partitions } => {
                 self.node.sync_sessions();
                 let partitions = partitions
                     .into_iter()
                     .map(|p| pb::TopicPartition { topic: p.topic.to_string(), partition: p.partition.0 })
                     .collect();
-                Ok(pb::JoinGroupResponse { generation: generation.0, partitions })
+                Ok(pb::JoinGroupResponse { generation: generation.0, partitions, member_epoch })
             }
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
@@ -90,7 +158,7 @@ impl KeelService {
         let group = GroupName::new(request.group).map_err(invalid_name)?;
         let member = MemberId::new(request.member).map_err(invalid_name)?;
         self.ensure_coordinator().await?;
-        match self.node.heartbeat(&group, &member, Generation(request.generation)) {
+        match self.node.heartbeat(&group, &member, request.member_epoch, Generation(request.generation)) {
             Ok(HeartbeatReply::Current { generation }) => {
                 Ok(pb::HeartbeatResponse { generation: generation.0, rebalance: false })
             }
@@ -100,6 +168,7 @@ impl KeelService {
             Err(error @ (HeartbeatError::UnknownGroup { .. } | HeartbeatError::UnknownMember { .. })) => {
                 Err(Status::not_found(error.to_string()))
             }
+            Err(error @ HeartbeatError::Fenced { .. }) => Err(super::errors::fenced_member(&error)),
         }
     }
 
@@ -107,7 +176,22 @@ impl KeelService {
         &self,
         request: pb::LeaveGroupRequest,
     ) -> Result<pb::LeaveGroupResponse, Status> {
+        let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
+        let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
         self.ensure_coordinator().await?;
+        // A zombie (an older join of this member id) may not take the
+        // current membership with it.
+        let metadata = self.node.metadata();
+        if let Some(joined) = metadata.group(&group).and_then(|g| g.members.get(&member)) {
+            if joined.member_epoch != request.member_epoch {
+                return Err(super::errors::fenced_member(&HeartbeatError::Fenced {
+                    group,
+                    member,
+                    current: joined.member_epoch,
+                    given: request.member_epoch,
+                }));
+            }
+        }
         self.propose_metadata(MetadataCommand::LeaveGroup { group: request.group, member: request.member }).await?;
         self.node.sync_sessions();
         Ok(pb::LeaveGroupResponse {})
@@ -134,6 +218,19 @@ impl KeelService {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Err(Status::unavailable(format!("{partition} has not applied its committed entries yet; retry")))
+    }
+
+    /// [`check_member`] against this broker's metadata replica.
+    fn check_member_here(
+        &self,
+        group: &GroupName,
+        member: &MemberId,
+        member_epoch: u64,
+        generation: Generation,
+        partition: &TopicPartition,
+    ) -> Result<(), Status> {
+        let metadata = self.node.metadata();
+        check_member(&metadata, self.node.id(), group, member, member_epoch, generation, partition)
     }
 
     /// Fenced unless this leader's applied claim is the member's own.
@@ -174,24 +271,26 @@ impl KeelService {
         let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
         let partition = self.partition(&request.topic, request.partition).await?;
         let generation = Generation(request.generation);
+        self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
+        let group_id = self.node.partition_group(&partition).ok_or_else(|| self.hosted_elsewhere(&partition))?;
         let claimed =
-            self.node.cursor(&group, &partition).is_some_and(|c| c.generation == generation && c.member == member);
+            self.node.cursor(&group_id, &group).is_some_and(|c| c.generation == generation && c.member == member);
         if !claimed {
             // The first poll of a generation claims the partition (G5).
             let command =
                 PartitionCommand::Claim { group: request.group.clone(), member: request.member.clone(), generation };
             match self.propose_partition(&partition, command).await? {
                 PartitionOutcome::Claimed { .. } => {
-                    self.node.set_cursor(&group, &partition, Cursor { generation, member: member.clone() })
+                    self.node.set_cursor(&group_id, &group, Cursor { generation, member: member.clone() })
                 }
                 other => return Err(Status::internal(format!("unexpected outcome {other:?}"))),
             }
         }
         let deadline = tokio::time::Instant::now() + Duration::from_millis(request.max_wait_ms.min(POLL_WAIT_MS_MAX));
-        let max_bytes = if request.max_bytes == 0 { u64::MAX } else { request.max_bytes };
+        let (max_records, max_bytes) = super::service::read_budget(request.max_records, request.max_bytes);
         loop {
             self.check_claim(&group, &member, generation, &partition)?;
-            if self.node.cursor(&group, &partition).is_none() {
+            if self.node.cursor(&group_id, &group).is_none() {
                 return Err(Status::aborted("the claim moved; poll again"));
             }
             let read = self
@@ -202,10 +301,7 @@ impl KeelService {
                     // lost on the way is read again, never skipped.
                     let next = request.offset.map_or_else(|| state.group_position(&group), Offset);
                     let from = next.max(state.log_start()).min(state.high_watermark());
-                    (
-                        state.read(log, from, request.max_records, max_bytes).map_err(|e| e.to_string()),
-                        state.high_watermark(),
-                    )
+                    (state.read(log, from, max_records, max_bytes).map_err(|e| e.to_string()), state.high_watermark())
                 })
                 .ok_or_else(|| self.hosted_elsewhere(&partition))?;
             let (records, high_watermark) = match read {
@@ -220,6 +316,7 @@ impl KeelService {
                     // cannot hand records to a fenced generation (G5).
                     self.confirm_leadership(&partition).await?;
                     self.check_claim(&group, &member, generation, &partition)?;
+                    self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
                 }
                 self.node.metrics().polled(records.len() as u64);
                 return Ok(pb::PollResponse {
@@ -232,9 +329,11 @@ impl KeelService {
     }
 
     pub(super) async fn ack_request(&self, request: pb::AckRequest) -> Result<pb::AckResponse, Status> {
-        GroupName::new(request.group.as_str()).map_err(invalid_name)?;
-        MemberId::new(request.member.as_str()).map_err(invalid_name)?;
+        let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
+        let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
         let partition = self.partition(&request.topic, request.partition).await?;
+        let generation = Generation(request.generation);
+        self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
         let command = PartitionCommand::Commit {
             group: request.group,
             member: request.member,
@@ -248,5 +347,59 @@ impl KeelService {
             }
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keel_core::assignor::AssignorKind;
+    use keel_core::{BrokerId, Limits, PartitionIndex, TimestampMs};
+
+    use super::*;
+
+    /// Two members of group `g` on a two-partition topic `t`.
+    fn two_members() -> MetadataState {
+        let mut metadata = MetadataState::new(Limits::default());
+        let mut apply = |command| metadata.apply(TimestampMs(0), &command).unwrap();
+        apply(MetadataCommand::RegisterBroker { broker: BrokerId(1), address: "b:1".into() });
+        apply(MetadataCommand::CreateTopic {
+            topic: "t".into(),
+            partitions: 2,
+            replication_factor: 1,
+            retention: Default::default(),
+        });
+        for member in ["a", "b"] {
+            apply(MetadataCommand::JoinGroup {
+                group: "g".into(),
+                member: member.into(),
+                topics: vec!["t".into()],
+                session_timeout_ms: 10_000,
+                assignor: AssignorKind::StickyBalanced,
+            });
+        }
+        metadata
+    }
+
+    #[test]
+    fn a_member_may_poll_only_what_the_coordinator_assigned_it() {
+        let metadata = two_members();
+        let group = GroupName::new("g").unwrap();
+        let info = metadata.group(&group).unwrap();
+        let (generation, check) = (info.generation, |member: &str, epoch: u64, generation: Generation, p: u32| {
+            let partition = TopicPartition::new(TopicName::new("t").unwrap(), PartitionIndex(p));
+            check_member(&metadata, 1, &group, &MemberId::new(member).unwrap(), epoch, generation, &partition)
+                .map_err(|status| status.code())
+        });
+        let epoch = |member: &str| info.members[&MemberId::new(member).unwrap()].member_epoch;
+        let owner_of_0 = info.assignment.owner(&TopicPartition::new(TopicName::new("t").unwrap(), PartitionIndex(0)));
+        let (owner, other) = if owner_of_0.unwrap().as_str() == "a" { ("a", "b") } else { ("b", "a") };
+        assert_eq!(check(owner, epoch(owner), generation, 0), Ok(()));
+        // Another member's partition, a forged generation, an older one, an
+        // older epoch of the owner, and a stranger.
+        assert_eq!(check(other, epoch(other), generation, 0), Err(tonic::Code::Aborted));
+        assert_eq!(check(owner, epoch(owner), generation.next(), 0), Err(tonic::Code::Unavailable));
+        assert_eq!(check(owner, epoch(owner), Generation(generation.0 - 1), 0), Err(tonic::Code::Aborted));
+        assert_eq!(check(owner, epoch(owner) - 1, generation, 0), Err(tonic::Code::FailedPrecondition));
+        assert_eq!(check("stranger", 1, generation, 0), Err(tonic::Code::Aborted));
     }
 }

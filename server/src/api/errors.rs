@@ -11,6 +11,10 @@ use crate::node::{MembershipError, ProposeError};
 pub const LEADER_METADATA: &str = "keel-leader";
 /// Response metadata naming a partition's replicas: `<id>@<host:port>,...`.
 pub const REPLICAS_METADATA: &str = "keel-replicas";
+/// Response metadata marking a member epoch fenced by a later join.
+pub const FENCED_METADATA: &str = "keel-fenced";
+/// Response metadata marking a producer the partition no longer knows.
+pub const PRODUCER_LOST_METADATA: &str = "keel-producer-lost";
 
 fn with_metadata(mut status: Status, key: &'static str, value: &str) -> Status {
     if let Ok(value) = value.parse() {
@@ -22,6 +26,12 @@ fn with_metadata(mut status: Status, key: &'static str, value: &str) -> Status {
 /// A refusal naming the leader to retry at.
 pub(super) fn with_leader(status: Status, leader: u64, address: &str) -> Status {
     with_metadata(status, LEADER_METADATA, &format!("{leader}@{address}"))
+}
+
+/// A member epoch that a later join of the same member id replaced: this
+/// process is fenced for good (rejoining would fence the other one).
+pub(super) fn fenced_member(error: &keel_core::coordinator::HeartbeatError) -> Status {
+    with_metadata(Status::failed_precondition(error.to_string()), FENCED_METADATA, "member-epoch")
 }
 
 pub(super) fn invalid_name(error: NameError) -> Status {
@@ -48,6 +58,7 @@ pub(super) fn membership_error(error: MembershipError) -> Status {
         MembershipError::Propose(error) => not_leader(error),
         MembershipError::Rejected(rejection) => metadata_rejection(rejection),
         MembershipError::CatchUpTimeout { .. } => Status::deadline_exceeded(error.to_string()),
+        MembershipError::LastBroker { .. } => Status::failed_precondition(error.to_string()),
     }
 }
 
@@ -92,5 +103,10 @@ pub(super) fn partition_rejection(rejection: PartitionRejection) -> Status {
         Fenced { .. } | NotClaimed { .. } => Code::Aborted,
         CommitBeyondHighWatermark { .. } | CommitBackwards { .. } => Code::OutOfRange,
     };
-    Status::new(code, rejection.to_string())
+    let lost = matches!(rejection, SequenceTooOld { .. } | UnknownProducer { .. });
+    let status = Status::new(code, rejection.to_string());
+    if lost {
+        return with_metadata(status, PRODUCER_LOST_METADATA, "true");
+    }
+    status
 }

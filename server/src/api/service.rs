@@ -15,6 +15,23 @@ use crate::group::GroupId;
 use crate::node::Node;
 use crate::raft::types::{Command, Response as Applied};
 
+/// Records a read or poll returns when the client asks for 0.
+pub const READ_RECORDS_DEFAULT: u32 = 500;
+/// Bytes of records a read or poll returns when the client asks for 0.
+pub const READ_REPLY_BYTES_DEFAULT: u64 = 4 * 1024 * 1024;
+/// Most bytes of records one read or poll returns, whatever the client
+/// asks (plus at most one record, so a record over the budget is still
+/// delivered); well under the API's 64 MiB reply limit.
+pub const READ_REPLY_BYTES_MAX: u64 = 16 * 1024 * 1024;
+
+/// The record and byte budget of one read or poll: 0 means the server's
+/// default, and the byte budget is capped.
+pub(super) fn read_budget(max_records: u32, max_bytes: u64) -> (u32, u64) {
+    let records = if max_records == 0 { READ_RECORDS_DEFAULT } else { max_records };
+    let bytes = if max_bytes == 0 { READ_REPLY_BYTES_DEFAULT } else { max_bytes.min(READ_REPLY_BYTES_MAX) };
+    (records, bytes)
+}
+
 /// A broker that answered a Raft message this recently counts as live.
 const LIVENESS_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
 
@@ -68,6 +85,13 @@ impl KeelService {
 
     pub(super) fn hosted_elsewhere(&self, partition: &TopicPartition) -> Status {
         let metadata = self.node.metadata();
+        // The partition was there when the request was checked; if this
+        // broker's metadata no longer has it, its deletion committed.
+        let exists =
+            metadata.topic(&partition.topic).is_some_and(|t| (partition.partition.0 as usize) < t.partitions.len());
+        if !exists {
+            return Status::not_found(format!("partition {partition} does not exist (its topic was deleted)"));
+        }
         let replicas = metadata
             .topic(&partition.topic)
             .and_then(|t| t.partitions.get(partition.partition.0 as usize))
@@ -224,12 +248,12 @@ impl KeelService {
     async fn read_call(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
         let request = request.into_inner();
         let partition = self.partition(&request.topic, request.partition).await?;
-        let max_bytes = if request.max_bytes == 0 { u64::MAX } else { request.max_bytes };
+        let (max_records, max_bytes) = read_budget(request.max_records, request.max_bytes);
         let result = self
             .node
             .read_partition(&partition, |state, log| {
                 (
-                    state.read(log, Offset(request.offset), request.max_records, max_bytes).map_err(|e| e.to_string()),
+                    state.read(log, Offset(request.offset), max_records, max_bytes).map_err(|e| e.to_string()),
                     state.high_watermark(),
                 )
             })

@@ -40,6 +40,12 @@ pub enum MembershipError {
     Rejected(keel_core::metadata::MetadataRejection),
     #[error("broker {broker} did not catch up within {seconds} s; check that it runs and is reachable, then retry")]
     CatchUpTimeout { broker: NodeId, seconds: u64 },
+    /// Removing the broker would leave the metadata group with no voter.
+    #[error(
+        "broker {broker} is the cluster's last metadata voter and cannot be removed: a cluster needs at least one \
+         broker (add another first, or stop this one to retire the cluster)"
+    )]
+    LastBroker { broker: NodeId },
 }
 
 /// An openraft write error as a proposal error.
@@ -155,6 +161,9 @@ impl Node {
                 address: leader.map(|l| l.1),
             }
             .into());
+        }
+        if voters(&raft).iter().all(|voter| *voter == broker) {
+            return Err(MembershipError::LastBroker { broker });
         }
         // Check first, so a refused removal changes no membership.
         let command = MetadataCommand::RemoveBroker { broker: BrokerId(broker) };

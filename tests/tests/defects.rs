@@ -1,0 +1,222 @@
+//! Regression tests for defects found by testing keel from outside (one
+//! real `keel serve`, raw gRPC and the client library): deleted and
+//! re-created topics under live groups, reply budgets, producers the
+//! partition forgot, and long polls on a deleted topic.
+
+use std::time::Duration;
+
+use keel_client::{Client, ClientError, Consumer, Producer, RetryPolicy};
+use keel_proto::v1 as pb;
+use keel_proto::v1::keel_client::KeelClient;
+use keel_tests::{free_port, Broker};
+use tonic::transport::Channel;
+use tonic::Code;
+
+async fn start() -> (tempfile::TempDir, Broker, String) {
+    let dir = tempfile::TempDir::new().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let broker = tokio::task::spawn_blocking({
+        let (dir, address) = (dir.path().to_path_buf(), address.clone());
+        move || Broker::start(&dir, &address, &[])
+    })
+    .await
+    .unwrap();
+    (dir, broker, address)
+}
+
+async fn raw(address: &str) -> KeelClient<Channel> {
+    let channel = Channel::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
+    KeelClient::new(channel).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20)
+}
+
+fn client(address: &str) -> Client {
+    Client::new(vec![address.to_string()], RetryPolicy::default()).unwrap()
+}
+
+async fn create(client: &Client, topic: &str, partitions: u32) {
+    let request =
+        pb::CreateTopicRequest { topic: topic.into(), partitions, replication_factor: 1, ..Default::default() };
+    client.create_topic(request).await.unwrap();
+}
+
+fn record(value: Vec<u8>) -> pb::Record {
+    pb::Record { value, ..Default::default() }
+}
+
+/// Poll until `want` records arrived or the time is up.
+async fn consume(consumer: &mut Consumer, want: usize) -> Vec<String> {
+    let mut values = Vec::new();
+    for _ in 0..100 {
+        if values.len() >= want {
+            break;
+        }
+        let deliveries = consumer.poll(100, Duration::from_millis(200)).await.unwrap();
+        for delivery in &deliveries {
+            values.push(String::from_utf8_lossy(&delivery.record.record.as_ref().unwrap().value).to_string());
+        }
+        if let Some(last) = deliveries.last() {
+            consumer.ack(&last.topic, last.partition, last.record.offset).await.unwrap();
+        }
+    }
+    values
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_live_through_deleted_and_re_created_topics() {
+    let (_dir, _broker, address) = start().await;
+    let client = client(&address);
+    create(&client, "kept", 1).await;
+    create(&client, "dropped", 1).await;
+    let mut producer = Producer::new(client.clone(), 0).await.unwrap();
+    producer.send_to("kept", 0, vec![record(b"k1".to_vec())]).await.unwrap();
+    producer.send_to("dropped", 0, vec![record(b"d1".to_vec())]).await.unwrap();
+    let topics = vec!["kept".to_string(), "dropped".to_string()];
+    let mut consumer = Consumer::join(client.clone(), "g", "m", topics, 10_000).await.unwrap();
+    let mut got = consume(&mut consumer, 2).await;
+    got.sort();
+    assert_eq!(got, ["d1", "k1"]);
+
+    // Deleting a subscribed topic: the group goes on with the other one
+    // (the rejoin used to be refused NOT_FOUND, wedging every member).
+    client.delete_topic("dropped").await.unwrap();
+    producer.send_to("kept", 0, vec![record(b"k2".to_vec())]).await.unwrap();
+    assert_eq!(consume(&mut consumer, 1).await, ["k2"]);
+
+    // Created again: a new incarnation, whose records the group reads
+    // (stale soft state of the old one used to answer "poll again" forever).
+    create(&client, "dropped", 1).await;
+    let mut producer = Producer::new(client.clone(), 0).await.unwrap();
+    producer.send_to("dropped", 0, vec![record(b"d2".to_vec())]).await.unwrap();
+    assert_eq!(consume(&mut consumer, 1).await, ["d2"]);
+    consumer.leave().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_keep_to_the_servers_byte_budget() {
+    let (_dir, _broker, address) = start().await;
+    let client = client(&address);
+    create(&client, "big", 1).await;
+    // 20 records of 1 MiB.
+    for _ in 0..5 {
+        let records = (0..4).map(|_| record(vec![7; 1024 * 1024])).collect();
+        let request = pb::ProduceRequest { topic: "big".into(), partition: 0, records, ..Default::default() };
+        client.produce(request).await.unwrap();
+    }
+    let mut c = raw(&address).await;
+    // 0 means the server's default budget (4 MiB), not "unlimited" and not
+    // "nothing".
+    let read = |max_records: u32, max_bytes: u64| pb::ReadRequest {
+        topic: "big".into(),
+        partition: 0,
+        offset: 0,
+        max_records,
+        max_bytes,
+    };
+    let defaults = c.read(read(0, 0)).await.unwrap().into_inner().records.len();
+    assert!((1..=5).contains(&defaults), "a default read returned {defaults} records of 1 MiB");
+    // Asking for everything is capped (16 MiB plus one record).
+    let unlimited = c.read(read(10_000, u64::MAX)).await.unwrap().into_inner().records.len();
+    assert!((1..=17).contains(&unlimited), "an unlimited read returned {unlimited} records of 1 MiB");
+
+    let joined = c
+        .join_group(pb::JoinGroupRequest {
+            group: "g".into(),
+            member: "m".into(),
+            topics: vec!["big".into()],
+            session_timeout_ms: 10_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let poll = pb::PollRequest {
+        group: "g".into(),
+        member: "m".into(),
+        generation: joined.generation,
+        member_epoch: joined.member_epoch,
+        topic: "big".into(),
+        partition: 0,
+        max_records: 0,
+        max_bytes: 0,
+        max_wait_ms: 0,
+        offset: None,
+    };
+    let polled = c.poll(poll).await.unwrap().into_inner().records.len();
+    assert!((1..=5).contains(&polled), "a default poll returned {polled} records of 1 MiB");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_the_partition_forgot_recovers_with_a_new_id() {
+    let (_dir, _broker, address) = start().await;
+    let client = client(&address);
+    create(&client, "t", 1).await;
+    let mut producer = Producer::new(client.clone(), 0).await.unwrap();
+    let id = producer.producer_id();
+    producer.send_to("t", 0, vec![record(b"0".to_vec())]).await.unwrap();
+    // Someone else sends under the same id, far ahead: the producer's next
+    // sequence is older than anything the partition remembers.
+    for sequence in 1..=7 {
+        let request = pb::ProduceRequest {
+            topic: "t".into(),
+            partition: 0,
+            records: vec![record(b"other".to_vec())],
+            idempotent: true,
+            producer_id: id,
+            sequence,
+        };
+        client.produce(request).await.unwrap();
+    }
+    let refused = producer.send_to("t", 0, vec![record(b"1".to_vec())]).await;
+    match refused {
+        Err(ClientError::ProducerReset { old_producer_id, new_producer_id, .. }) => {
+            assert_eq!(old_producer_id, id);
+            assert_ne!(new_producer_id, id);
+        }
+        other => panic!("expected a producer reset, got {other:?}"),
+    }
+    // Not wedged: the next sends go through under the new id.
+    let sent = producer.send_to("t", 0, vec![record(b"1".to_vec())]).await.unwrap();
+    assert_eq!((sent.base_offset, sent.duplicate), (8, false));
+    producer.send_to("t", 0, vec![record(b"2".to_vec())]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_on_a_deleted_topic_is_told_not_found() {
+    let (_dir, _broker, address) = start().await;
+    let client = client(&address);
+    create(&client, "doomed", 1).await;
+    let mut c = raw(&address).await;
+    let joined = c
+        .join_group(pb::JoinGroupRequest {
+            group: "g".into(),
+            member: "m".into(),
+            topics: vec!["doomed".into()],
+            session_timeout_ms: 10_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let poll = pb::PollRequest {
+        group: "g".into(),
+        member: "m".into(),
+        generation: joined.generation,
+        member_epoch: joined.member_epoch,
+        topic: "doomed".into(),
+        partition: 0,
+        max_records: 10,
+        max_bytes: 0,
+        max_wait_ms: 20_000,
+        offset: None,
+    };
+    // Claim first, then wait on the empty partition while it is deleted.
+    let mut first = poll.clone();
+    first.max_wait_ms = 0;
+    c.poll(first).await.unwrap();
+    let waiting = tokio::spawn({
+        let mut c = c.clone();
+        async move { c.poll(poll).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    client.delete_topic("doomed").await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(15), waiting).await.unwrap().unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+}
