@@ -290,19 +290,6 @@ impl Client {
         Ok(cluster)
     }
 
-    /// Add a broker to the cluster (register it, make it a metadata
-    /// voter); returns the cluster id. Harmless to repeat.
-    pub async fn add_broker(&self, broker: u64, address: &str) -> Result<u64, ClientError> {
-        let request = pb::AddBrokerRequest { broker, address: address.to_string() };
-        let response = self
-            .call(Route::Metadata, |mut c| {
-                let r = request.clone();
-                async move { c.add_broker(r).await }
-            })
-            .await?;
-        Ok(response.cluster_id)
-    }
-
     /// Remove a broker that holds no replicas.
     pub async fn remove_broker(&self, broker: u64) -> Result<(), ClientError> {
         self.call(Route::Metadata, |mut c| async move { c.remove_broker(pb::RemoveBrokerRequest { broker }).await })

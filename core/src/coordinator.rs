@@ -48,6 +48,12 @@ pub enum HeartbeatError {
          and is fenced: stop it, or give each process its own member id"
     )]
     Fenced { group: GroupName, member: MemberId, current: u64, given: u64 },
+    /// The member's epoch is newer than this coordinator knows: its join is
+    /// not applied here yet.
+    #[error(
+        "member {member} of group {group} joined with epoch {given}, newer than this coordinator knows: retry shortly"
+    )]
+    EpochAhead { group: GroupName, member: MemberId, given: u64 },
 }
 
 /// Session deadlines of every member of every group, on the coordinator.
@@ -108,7 +114,14 @@ impl GroupSessions {
         let Some(member_info) = info.members.get(member) else {
             return Err(HeartbeatError::UnknownMember { group: group.clone(), member: member.clone() });
         };
-        if member_info.member_epoch != member_epoch {
+        if member_epoch > member_info.member_epoch {
+            return Err(HeartbeatError::EpochAhead {
+                group: group.clone(),
+                member: member.clone(),
+                given: member_epoch,
+            });
+        }
+        if member_epoch < member_info.member_epoch {
             return Err(HeartbeatError::Fenced {
                 group: group.clone(),
                 member: member.clone(),
@@ -188,7 +201,11 @@ mod tests {
         metadata
             .apply(
                 TimestampMs(0),
-                &MetadataCommand::RegisterBroker { broker: crate::BrokerId(1), address: "b1:1".into() },
+                &MetadataCommand::RegisterBroker {
+                    broker: crate::BrokerId(1),
+                    address: "b1:1".into(),
+                    internal_address: "b1:2".into(),
+                },
             )
             .unwrap();
         let create = MetadataCommand::CreateTopic {

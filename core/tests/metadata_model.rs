@@ -39,7 +39,7 @@ fn command() -> impl Strategy<Value = MetadataCommand> {
     let assignor =
         proptest::sample::select(&[AssignorKind::StickyBalanced, AssignorKind::Range, AssignorKind::RoundRobin][..]);
     prop_oneof![
-        3 => (1u64..6, name(&ADDRESSES)).prop_map(|(b, address)| MetadataCommand::RegisterBroker { broker: BrokerId(b), address }),
+        3 => (1u64..6, name(&ADDRESSES)).prop_map(|(b, address)| MetadataCommand::RegisterBroker { broker: BrokerId(b), internal_address: address.clone(), address }),
         1 => (1u64..6).prop_map(|b| MetadataCommand::RemoveBroker { broker: BrokerId(b) }),
         3 => (name(&TOPICS), 0u32..6, 0u32..5).prop_map(|(topic, partitions, replication_factor)| MetadataCommand::CreateTopic {
             topic, partitions, replication_factor, retention: RetentionPolicy::default()
@@ -106,7 +106,7 @@ impl Model {
     fn expect(&self, command: &MetadataCommand) -> Expected {
         let l = &self.limits;
         match command {
-            MetadataCommand::RegisterBroker { broker, address } => {
+            MetadataCommand::RegisterBroker { broker, address, .. } => {
                 if address.is_empty()
                     || address.len() > l.broker_address_bytes_max as usize
                     || address.contains(char::is_whitespace)
@@ -234,7 +234,7 @@ impl Model {
     /// Apply an accepted command to the model.
     fn apply(&mut self, command: &MetadataCommand, outcome: &MetadataOutcome) -> Result<(), TestCaseError> {
         match (command, outcome) {
-            (MetadataCommand::RegisterBroker { broker, address }, _) => {
+            (MetadataCommand::RegisterBroker { broker, address, .. }, _) => {
                 self.brokers.insert(broker.0, address.clone());
             }
             (MetadataCommand::RemoveBroker { broker }, _) => {

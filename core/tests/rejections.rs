@@ -30,8 +30,8 @@ fn small_limits() -> Limits {
 fn cluster() -> MetadataState {
     let mut state = MetadataState::new(small_limits());
     for command in [
-        MetadataCommand::RegisterBroker { broker: BrokerId(1), address: "h:1".into() },
-        MetadataCommand::RegisterBroker { broker: BrokerId(2), address: "h:2".into() },
+        MetadataCommand::RegisterBroker { broker: BrokerId(1), address: "h:1".into(), internal_address: "ih:1".into() },
+        MetadataCommand::RegisterBroker { broker: BrokerId(2), address: "h:2".into(), internal_address: "ih:2".into() },
         create("t", 2, 2),
         join("g", "m", &["t"], 10_000, AssignorKind::StickyBalanced),
     ] {
@@ -81,13 +81,21 @@ fn rejected(command: MetadataCommand) -> MetadataRejection {
 fn metadata_rejections() {
     assert!(matches!(rejected(create("", 1, 1)), MetadataRejection::InvalidName(_)));
     assert!(matches!(rejected(create("a b", 1, 1)), MetadataRejection::InvalidName(_)));
-    let address = |a: &str| MetadataCommand::RegisterBroker { broker: BrokerId(9), address: a.into() };
+    let address = |a: &str| MetadataCommand::RegisterBroker {
+        broker: BrokerId(9),
+        address: a.into(),
+        internal_address: "i:9".into(),
+    };
     assert!(matches!(rejected(address("")), MetadataRejection::InvalidBrokerAddress { .. }));
     assert!(matches!(rejected(address("a b:1")), MetadataRejection::InvalidBrokerAddress { .. }));
     assert!(matches!(rejected(address(&"x".repeat(300))), MetadataRejection::InvalidBrokerAddress { .. }));
     let mut full = cluster();
     full.apply(TimestampMs(2), &address("h:9")).unwrap();
-    let tenth = MetadataCommand::RegisterBroker { broker: BrokerId(10), address: "h:10".into() };
+    let tenth = MetadataCommand::RegisterBroker {
+        broker: BrokerId(10),
+        address: "h:10".into(),
+        internal_address: "ih:10".into(),
+    };
     assert_eq!(full.apply(TimestampMs(3), &tenth), Err(MetadataRejection::TooManyBrokers { max: 3 }));
     assert_eq!(
         rejected(MetadataCommand::RemoveBroker { broker: BrokerId(7) }),
@@ -108,7 +116,14 @@ fn metadata_rejections() {
     assert_eq!(rejected(create("u", 1, 0)), MetadataRejection::Placement(PlacementError::ZeroReplicationFactor));
     let mut one_broker = MetadataState::new(small_limits());
     one_broker
-        .apply(TimestampMs(1), &MetadataCommand::RegisterBroker { broker: BrokerId(1), address: "h:1".into() })
+        .apply(
+            TimestampMs(1),
+            &MetadataCommand::RegisterBroker {
+                broker: BrokerId(1),
+                address: "h:1".into(),
+                internal_address: "ih:1".into(),
+            },
+        )
         .unwrap();
     assert_eq!(
         one_broker.apply(TimestampMs(2), &create("u", 1, 2)),

@@ -134,8 +134,11 @@ fn apply(request: Request) {
 fn apply_metadata(command: MetadataCommand) {
     let mut state = MetadataState::new(Limits::default());
     for broker in 1..=3 {
-        let register =
-            MetadataCommand::RegisterBroker { broker: keel_core::BrokerId(broker), address: format!("h:{broker}") };
+        let register = MetadataCommand::RegisterBroker {
+            broker: keel_core::BrokerId(broker),
+            address: format!("h:{broker}"),
+            internal_address: format!("i:{broker}"),
+        };
         state.apply(TimestampMs(1), &register).expect("registering a broker");
     }
     let before = state.clone();

@@ -7,13 +7,16 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::group::GroupId;
-use crate::node::{Node, NodeConfig, ProposeError, StartError};
+use crate::node::{default_internal_address, Node, NodeConfig, ProposeError, StartError};
 use crate::raft::types::{Command, NodeId, Response};
 use crate::storage::NodeStore;
 
 /// Brokers `1..=n` on loopback; a slot is `None` while its broker is down.
 pub struct LocalCluster {
     dirs: Vec<PathBuf>,
+    /// Client addresses; each broker's internal one is port + 100.
+    addresses: BTreeMap<NodeId, String>,
+    /// The metadata voters by internal address.
     voters: BTreeMap<NodeId, String>,
     adjust: fn(&mut NodeConfig),
     pub nodes: Vec<Option<Node>>,
@@ -32,17 +35,24 @@ pub enum ClusterError {
     Propose(#[from] ProposeError),
 }
 
-/// A loopback port no other cluster of this process was given. Ports from
-/// `bind(0)` are released before the broker binds them, so two clusters
-/// started at once could both be handed the same one and talk to each
-/// other's brokers; a process-wide counter rules that out.
+/// A loopback client port no other cluster of this process was given, with
+/// its internal port (+ 100) free too. Ports from `bind(0)` are released
+/// before the broker binds them, so two clusters started at once could both
+/// be handed the same one and talk to each other's brokers; a process-wide
+/// counter rules that out. Client ports come in blocks of 100 with a block
+/// left free above each, for the internal ports.
 fn free_port() -> Result<u16, ClusterError> {
     use std::sync::atomic::{AtomicU16, Ordering};
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let _ = NEXT.compare_exchange(0, 20_000 + (std::process::id() % 9_000) as u16, Ordering::SeqCst, Ordering::SeqCst);
+    let start = 20_000 + (std::process::id() % 100) as u16 * 200;
+    let _ = NEXT.compare_exchange(0, start, Ordering::SeqCst, Ordering::SeqCst);
     for _ in 0..10_000 {
         let port = NEXT.fetch_add(1, Ordering::SeqCst);
-        if port >= 20_000 && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        if !(20_000..65_000).contains(&port) || (port - 20_000) / 100 % 2 == 1 {
+            continue;
+        }
+        let bindable = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if bindable(port) && bindable(port + 100) {
             return Ok(port);
         }
     }
@@ -53,12 +63,16 @@ impl LocalCluster {
     /// Start `n` brokers with data under `root`; `adjust` changes each
     /// broker's config before it starts.
     pub async fn start(root: PathBuf, n: u64, adjust: fn(&mut NodeConfig)) -> Result<LocalCluster, ClusterError> {
-        let mut voters = BTreeMap::new();
+        let mut addresses = BTreeMap::new();
         for id in 1..=n {
-            voters.insert(id, format!("127.0.0.1:{}", free_port()?));
+            addresses.insert(id, format!("127.0.0.1:{}", free_port()?));
         }
+        let voters = addresses
+            .iter()
+            .map(|(id, a)| (*id, default_internal_address(a).expect("a loopback port below 65436")))
+            .collect();
         let dirs = (1..=n).map(|id| root.join(format!("broker-{id}"))).collect();
-        let mut cluster = LocalCluster { dirs, voters, adjust, nodes: (1..=n).map(|_| None).collect() };
+        let mut cluster = LocalCluster { dirs, addresses, voters, adjust, nodes: (1..=n).map(|_| None).collect() };
         for id in 1..=n {
             cluster.restart(id).await?;
         }
@@ -67,7 +81,7 @@ impl LocalCluster {
 
     /// Start broker `id` (again) from its data directory.
     pub async fn restart(&mut self, id: NodeId) -> Result<Node, ClusterError> {
-        let address = self.voters[&id].clone();
+        let address = self.addresses[&id].clone();
         let listen = address.parse().expect("loopback address");
         let mut config = NodeConfig::new(id, listen, address, self.voters.clone());
         (self.adjust)(&mut config);

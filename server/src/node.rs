@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_core::coordinator::{GroupSessions, HeartbeatError, HeartbeatReply};
-use keel_core::metadata::{MetadataCommand, MetadataState};
+use keel_core::metadata::MetadataState;
 use keel_core::partition::PartitionState;
 use keel_core::{BrokerId, Generation, GroupName, Limits, MemberId, TopicPartition};
 use keel_proto::raft::raft_transport_server::RaftTransportServer;
@@ -30,7 +30,10 @@ use tokio::task::JoinHandle;
 use crate::api::KeelService;
 use crate::clock::Clock;
 use crate::group::GroupId;
-use crate::raft::network::{GroupDirectory, GroupNetwork, Peers, TransportService, RAFT_MESSAGE_BYTES_MAX};
+use crate::raft::network::{
+    ClusterIdentity, GroupDirectory, GroupNetwork, JoinFuture, JoinRequest, Peers, TransportService,
+    RAFT_MESSAGE_BYTES_MAX,
+};
 use crate::raft::types::{Command, NodeId, Raft, Request, Response};
 use crate::storage::{GroupState, GroupStateMachine, LogStore, NodeStore, StoreError};
 
@@ -40,18 +43,49 @@ pub use membership::MembershipError;
 /// Largest reply of the public API.
 pub const API_REPLY_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// Streams a peer may reset before this broker accepted them, per
+/// connection. After a pause or a partition a peer cancels many timed-out
+/// Raft calls at once; with h2's default (20) that answers GOAWAY
+/// `ENHANCE_YOUR_CALM` ("too_many_resets"), which tonic reports as
+/// RESOURCE_EXHAUSTED. Bounded: each such stream holds a little memory
+/// until it is accepted and dropped.
+pub const RESET_STREAMS_PENDING_MAX: usize = 4096;
+/// How often an idle connection is probed (HTTP/2 PING), and how long the
+/// probe may go unanswered before the connection is dropped: a peer that
+/// vanished behind a partition is noticed within seconds, not after the
+/// kernel's backed-off retransmissions.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A gRPC server with keel's connection settings.
+fn server_builder() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .http2_max_pending_accept_reset_streams(Some(RESET_STREAMS_PENDING_MAX))
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .tcp_keepalive(Some(KEEPALIVE_INTERVAL))
+}
+
 /// How a node is set up.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
     /// This broker's id.
     pub id: NodeId,
-    /// Where the Raft transport listens.
+    /// Where the client API listens.
     pub listen: SocketAddr,
-    /// The address peers use to reach this broker (`host:port`).
+    /// The address clients use to reach this broker (`host:port`).
     pub advertised: String,
-    /// The initial members of the metadata group, by id, with addresses.
-    /// Every broker of a new cluster gets the same map.
+    /// Where the internal listener (Raft, joins: broker-to-broker only)
+    /// listens.
+    pub internal_listen: SocketAddr,
+    /// The address other brokers use to reach this one (`host:port`).
+    pub internal_advertised: String,
+    /// The initial members of the metadata group, by id, with their
+    /// internal addresses. Every broker of a new cluster gets the same map.
     pub metadata_voters: BTreeMap<NodeId, String>,
+    /// The secret every broker-to-broker request carries: created when the
+    /// cluster is bootstrapped and given to every broker that joins it.
+    pub cluster_secret: String,
     /// Cluster-wide limits: every broker must be given the same ones.
     pub limits: Limits,
     /// openraft settings (timeouts, snapshot policy).
@@ -65,6 +99,14 @@ pub struct NodeConfig {
     pub cluster_id: u64,
 }
 
+/// The default internal address of a broker whose client address is
+/// `address`: the same host, port + 100 (7070 -> 7170).
+pub fn default_internal_address(address: &str) -> Option<String> {
+    let (host, port) = address.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    Some(format!("{host}:{}", port.checked_add(100)?))
+}
+
 /// The identity of a cluster with these initial metadata voters: FNV-1a 64
 /// of `id=address;` pairs (the same on every broker of the cluster).
 pub fn cluster_id_of(metadata_voters: &BTreeMap<NodeId, String>) -> u64 {
@@ -73,7 +115,10 @@ pub fn cluster_id_of(metadata_voters: &BTreeMap<NodeId, String>) -> u64 {
 }
 
 impl NodeConfig {
-    /// A config with keel's defaults for everything but the addresses.
+    /// A config with keel's defaults for everything but the addresses. The
+    /// internal listener defaults to [`default_internal_address`] of the
+    /// client one; `metadata_voters` are internal addresses. The cluster
+    /// secret starts empty: set it (`keel serve` always does).
     pub fn new(id: NodeId, listen: SocketAddr, advertised: String, metadata_voters: BTreeMap<NodeId, String>) -> Self {
         let raft = openraft::Config {
             cluster_name: "keel".to_string(),
@@ -88,12 +133,19 @@ impl NodeConfig {
             max_payload_entries: 64,
             ..openraft::Config::default()
         };
+        let internal_listen = default_internal_address(&listen.to_string())
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(SocketAddr::new(listen.ip(), 0));
+        let internal_advertised = default_internal_address(&advertised).unwrap_or_else(|| internal_listen.to_string());
         NodeConfig {
             cluster_id: cluster_id_of(&metadata_voters),
             id,
             listen,
             advertised,
+            internal_listen,
+            internal_advertised,
             metadata_voters,
+            cluster_secret: String::new(),
             limits: Limits::default(),
             raft,
             duty_interval: Duration::from_millis(200),
@@ -169,14 +221,40 @@ struct NodeInner {
     /// membership to follow a move.
     membership_changes: Mutex<BTreeSet<GroupId>>,
     metrics: crate::metrics::Metrics,
-    /// Tells the transport server to stop (one waiter: the server).
-    stop_server: Arc<Notify>,
-    server: Mutex<Option<JoinHandle<()>>>,
+    /// Tells the servers to stop (one waiter each: the client API server and
+    /// the internal one).
+    stop_servers: [Arc<Notify>; 2],
+    servers: Mutex<Vec<JoinHandle<()>>>,
+    /// Why a server could not keep serving (its port taken, say): fatal.
+    server_failure: Arc<Mutex<Option<String>>>,
+    /// The standard health service's state (real gRPC only).
+    #[cfg(not(madsim))]
+    health: tonic_health::server::HealthReporter,
 }
 
-impl GroupDirectory for NodeInner {
+impl NodeInner {
     fn raft(&self, group: &GroupId) -> Option<Raft> {
         self.groups.lock().expect("groups").get(group).map(|g| g.raft.clone())
+    }
+}
+
+/// The node as the transport service sees it; weak, so that the server does
+/// not keep a stopped node alive.
+struct Directory(std::sync::Weak<NodeInner>);
+
+impl GroupDirectory for Directory {
+    fn raft(&self, group: &GroupId) -> Option<Raft> {
+        self.0.upgrade()?.raft(group)
+    }
+
+    fn join(&self, request: JoinRequest) -> JoinFuture {
+        let node = self.0.upgrade().map(|inner| Node { inner });
+        Box::pin(async move {
+            match node {
+                Some(node) => node.accept_join(request).await,
+                None => Err(crate::raft::network::JoinRefusal::Retry("the broker is stopping".into())),
+            }
+        })
     }
 }
 
@@ -191,12 +269,15 @@ impl Node {
     /// the transport server, the reconciler and the leader duties.
     pub async fn start(config: NodeConfig, store: Arc<NodeStore>, clock: Clock) -> Result<Node, StartError> {
         let raft_config = Arc::new(config.raft.clone().validate()?);
+        let identity = ClusterIdentity { cluster_id: config.cluster_id, secret: config.cluster_secret.clone() };
+        #[cfg(not(madsim))]
+        let (health, health_service) = tonic_health::server::health_reporter();
         let inner = Arc::new(NodeInner {
             config,
             raft_config,
             store: store.clone(),
             clock,
-            peers: Peers::default(),
+            peers: Peers::new(identity.clone()),
             groups: Mutex::new(BTreeMap::new()),
             tasks: Mutex::new(Vec::new()),
             sessions: Mutex::new(GroupSessions::new()),
@@ -204,8 +285,11 @@ impl Node {
             cursors: Mutex::new(BTreeMap::new()),
             membership_changes: Mutex::new(BTreeSet::new()),
             metrics: crate::metrics::Metrics::new(),
-            stop_server: Arc::new(Notify::new()),
-            server: Mutex::new(None),
+            stop_servers: [Arc::new(Notify::new()), Arc::new(Notify::new())],
+            servers: Mutex::new(Vec::new()),
+            server_failure: Arc::new(Mutex::new(None)),
+            #[cfg(not(madsim))]
+            health,
         });
         let node = Node { inner };
 
@@ -216,7 +300,7 @@ impl Node {
         let metadata = node.start_group(GroupId::Metadata, metadata_sm).await?;
 
         let transport =
-            RaftTransportServer::new(TransportService::new(node.inner.clone(), node.inner.config.cluster_id))
+            RaftTransportServer::new(TransportService::new(Arc::new(Directory(Arc::downgrade(&node.inner))), identity))
                 .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
         // A produce request holds at most one batch; a read reply is bounded
@@ -230,34 +314,29 @@ impl Node {
         let api = KeelServer::new(KeelService::new(node.clone()))
             .max_decoding_message_size(request_bytes_max)
             .max_encoding_message_size(API_REPLY_BYTES_MAX);
-        let listen = node.inner.config.listen;
-        let stop = node.inner.stop_server.clone();
-        let server = tokio::spawn(async move {
-            let stopped = async move { stop.notified().await };
-            let router = tonic::transport::Server::builder().add_service(transport).add_service(api);
-            // The standard health and reflection services, so grpcurl and
-            // load balancers work (real gRPC only; the simulation has none).
-            #[cfg(not(madsim))]
-            let router = {
-                let (health_reporter, health) = tonic_health::server::health_reporter();
-                health_reporter.set_serving::<KeelServer<KeelService>>().await;
-                let reflection = tonic_reflection::server::Builder::configure()
-                    .register_encoded_file_descriptor_set(keel_proto::FILE_DESCRIPTOR_SET)
-                    .build_v1();
-                let router = router.add_service(health);
-                match reflection {
-                    Ok(reflection) => router.add_service(reflection),
-                    Err(error) => {
-                        tracing::warn!(%error, "gRPC reflection is unavailable");
-                        router
-                    }
+        // Clients and brokers use different listeners: nothing a client can
+        // send reaches openraft.
+        let internal = server_builder().add_service(transport);
+        node.serve("internal", node.inner.config.internal_listen, 1, internal);
+        let public = server_builder().add_service(api);
+        // The standard health and reflection services, so grpcurl and load
+        // balancers work (real gRPC only; the simulation has none).
+        #[cfg(not(madsim))]
+        let public = {
+            node.inner.health.set_serving::<KeelServer<KeelService>>().await;
+            let reflection = tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(keel_proto::FILE_DESCRIPTOR_SET)
+                .build_v1();
+            let public = public.add_service(health_service);
+            match reflection {
+                Ok(reflection) => public.add_service(reflection),
+                Err(error) => {
+                    tracing::warn!(%error, "gRPC reflection is unavailable");
+                    public
                 }
-            };
-            if let Err(error) = router.serve_with_shutdown(listen, stopped).await {
-                tracing::error!(%error, %listen, "Raft transport server stopped");
             }
-        });
-        *node.inner.server.lock().expect("server") = Some(server);
+        };
+        node.serve("client", node.inner.config.listen, 0, public);
 
         if node.inner.config.metadata_voters.contains_key(&node.id()) {
             let voters: BTreeMap<NodeId, BasicNode> = node
@@ -279,7 +358,42 @@ impl Node {
         node.spawn(async move { reconciler.reconcile_forever(applied).await });
         let duties = node.clone();
         node.spawn(async move { duties.leader_duties_forever().await });
+        let watchdog = node.clone();
+        node.spawn(async move { watchdog.watch_for_fatal_errors().await });
         Ok(node)
+    }
+
+    /// Serve `router` on `listen` until the node stops; a server that fails
+    /// (its port is taken, say) is a fatal error of the node.
+    fn serve(&self, name: &'static str, listen: SocketAddr, stop: usize, router: tonic::transport::server::Router) {
+        let stop = self.inner.stop_servers[stop].clone();
+        let failure = self.inner.server_failure.clone();
+        let server = tokio::spawn(async move {
+            let stopped = async move { stop.notified().await };
+            if let Err(error) = router.serve_with_shutdown(listen, stopped).await {
+                tracing::error!(%error, %listen, "the {name} server stopped");
+                let reason = format!("the {name} listener on {listen} failed: {error} (is the port taken?)");
+                failure.lock().expect("server failure").get_or_insert(reason);
+            }
+        });
+        self.inner.servers.lock().expect("servers").push(server);
+    }
+
+    /// Once the node can no longer work, say so on the health service, so
+    /// that load balancers and supervisors see it (`keel serve` exits too).
+    async fn watch_for_fatal_errors(&self) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if let Some(fatal) = self.fatal_error() {
+                tracing::error!(%fatal, "the broker can no longer serve");
+                #[cfg(not(madsim))]
+                {
+                    self.inner.health.set_not_serving::<KeelServer<KeelService>>().await;
+                    self.inner.health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+                }
+                return;
+            }
+        }
     }
 
     /// This broker's id.
@@ -315,7 +429,7 @@ impl Node {
 
     async fn start_group(&self, group: GroupId, state_machine: GroupStateMachine) -> Result<Raft, StartError> {
         let log = LogStore::new(self.inner.store.clone(), group.key());
-        let network = GroupNetwork::new(&group, self.inner.peers.clone(), self.inner.config.cluster_id);
+        let network = GroupNetwork::new(&group, self.inner.peers.clone());
         let raft = Raft::new(self.id(), self.inner.raft_config.clone(), network, log, state_machine.clone())
             .await
             .map_err(|e| StartError::Raft { group: group.clone(), reason: e.to_string() })?;
@@ -402,10 +516,17 @@ impl Node {
         if self.inner.store.is_poisoned() {
             return Some("a storage error stopped the store".to_string());
         }
+        if let Some(failure) = self.inner.server_failure.lock().expect("server failure").clone() {
+            return Some(failure);
+        }
         let groups: Vec<(GroupId, Raft)> =
             self.inner.groups.lock().expect("groups").iter().map(|(g, h)| (g.clone(), h.raft.clone())).collect();
         groups.into_iter().find_map(|(group, raft)| {
             let metrics = raft.metrics();
+            // A core that panicked drops its metrics sender without a word.
+            if metrics.has_changed().is_err() {
+                return Some(format!("Raft group {group} stopped: its core panicked"));
+            }
             let state = metrics.borrow();
             state.running_state.as_ref().err().map(|fatal| format!("Raft group {group} stopped: {fatal}"))
         })
@@ -449,7 +570,19 @@ impl Node {
     pub async fn propose(&self, group: &GroupId, command: Command) -> Result<Response, ProposeError> {
         let raft = self.raft(group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
         let request = Request { at: self.inner.clock.now(), command };
-        raft.client_write(request).await.map(|written| written.data).map_err(|e| membership::write_error(group, e))
+        match raft.client_write(request).await {
+            Ok(written) => Ok(written.data),
+            // Raft knows the leader's internal address; clients need its
+            // client address, from the metadata.
+            Err(error) => Err(match membership::write_error(group, error) {
+                ProposeError::NotLeader { group, leader: Some(leader), .. } => ProposeError::NotLeader {
+                    group,
+                    leader: Some(leader),
+                    address: self.metadata().brokers().get(&BrokerId(leader)).map(|b| b.address.clone()),
+                },
+                other => other,
+            }),
+        }
     }
 
     /// The partition groups the metadata places on this broker.
@@ -468,7 +601,7 @@ impl Node {
                         (
                             b.0,
                             BasicNode {
-                                addr: metadata.brokers().get(b).map(|i| i.address.clone()).unwrap_or_default(),
+                                addr: metadata.brokers().get(b).map(|i| i.internal_address.clone()).unwrap_or_default(),
                             },
                         )
                     })
@@ -557,6 +690,7 @@ impl Node {
         self.converge_partition_memberships();
         let Some(metadata) = self.raft(&GroupId::Metadata) else { return };
         let leading = metadata.current_leader().await == Some(self.id());
+        self.keep_registration(&metadata, leading).await;
         let was_leading = std::mem::replace(&mut *self.inner.was_metadata_leader.lock().expect("leader flag"), leading);
         if !leading {
             return;
@@ -586,31 +720,20 @@ impl Node {
                 tracing::debug!(%error, "could not expire members yet");
             }
         }
-        let registered = self.metadata().brokers().clone();
-        let voting = membership::voters(&metadata);
-        for (id, address) in &self.inner.config.metadata_voters {
-            // A configured broker that was removed since stays removed.
-            if !voting.contains(id) || registered.get(&BrokerId(*id)).is_some_and(|b| &b.address == address) {
-                continue;
-            }
-            let command =
-                Command::Metadata(MetadataCommand::RegisterBroker { broker: BrokerId(*id), address: address.clone() });
-            if let Err(error) = self.propose(&GroupId::Metadata, command).await {
-                tracing::debug!(%error, "could not register broker {id} yet");
-            }
-        }
     }
 
     /// Stop the node: its groups, the server and every task. The store is
     /// released once the last handle is dropped.
     pub async fn shutdown(&self) {
-        // Stop the server first, closing its connections, so that peers
-        // reconnect to whatever runs on this address next.
-        self.inner.stop_server.notify_one();
-        let server = self.inner.server.lock().expect("server").take();
-        if let Some(server) = server {
+        // Stop the servers first, closing their connections, so that peers
+        // reconnect to whatever runs on these addresses next.
+        for stop in &self.inner.stop_servers {
+            stop.notify_one();
+        }
+        let servers = std::mem::take(&mut *self.inner.servers.lock().expect("servers"));
+        for server in servers {
             if tokio::time::timeout(Duration::from_secs(5), server).await.is_err() {
-                tracing::warn!(node = self.id(), "transport server did not stop within 5 s");
+                tracing::warn!(node = self.id(), "a server did not stop within 5 s");
             }
         }
         // Stop the reconciler and duties first, so no group starts after

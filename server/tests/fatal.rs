@@ -1,5 +1,6 @@
-//! Fatal is fatal: after a storage failure the node reports itself broken
-//! (and `keel serve` exits) instead of running on as a zombie.
+//! Fatal is fatal: after a storage failure, or a Raft group whose core
+//! panicked, the node reports itself broken (and `keel serve` exits)
+//! instead of running on as a zombie.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,12 +13,12 @@ use keel_server::raft::types::Command;
 use keel_server::storage::crash_disk::CrashDisk;
 use keel_server::storage::NodeStore;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_disk_makes_the_node_report_a_fatal_error() {
+/// A one-broker node on a simulated disk, once it takes writes.
+async fn started(disk: &CrashDisk) -> Node {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let address = format!("127.0.0.1:{port}");
-    let voters: BTreeMap<u64, String> = [(1, address.clone())].into_iter().collect();
-    let disk = CrashDisk::new();
+    let internal = keel_server::node::default_internal_address(&address).unwrap();
+    let voters: BTreeMap<u64, String> = [(1, internal)].into_iter().collect();
     let store = NodeStore::open_with_backend(disk.clone()).unwrap();
     let node = Node::start(NodeConfig::new(1, address.parse().unwrap(), address, voters), store, Clock::system())
         .await
@@ -29,6 +30,13 @@ async fn a_failed_disk_makes_the_node_report_a_fatal_error() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(node.fatal_error(), None, "a healthy node is not fatal");
+    node
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_disk_makes_the_node_report_a_fatal_error() {
+    let disk = CrashDisk::new();
+    let node = started(&disk).await;
 
     disk.freeze();
     let failed = tokio::time::timeout(
@@ -46,5 +54,30 @@ async fn a_failed_disk_makes_the_node_report_a_fatal_error() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(fatal.is_some(), "the node must report the storage failure");
+    node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_raft_group_whose_core_panicked_is_fatal() {
+    let node = started(&CrashDisk::new()).await;
+    // The vote the transport now refuses as insane (a term openraft's engine
+    // cannot take), handed to openraft directly: its core panics.
+    let raft = node.raft(&GroupId::Metadata).unwrap();
+    // Its last log id is ahead of anything real, so the vote is granted
+    // once the leader's lease has run out.
+    let last = openraft::LogId::new(openraft::CommittedLeaderId::new(u64::MAX, 9), u64::MAX / 2);
+    let forged = openraft::raft::VoteRequest::new(openraft::Vote::new(u64::MAX, 9), Some(last));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), raft.vote(forged)).await;
+    let mut fatal = None;
+    for _ in 0..200 {
+        fatal = node.fatal_error();
+        if fatal.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let fatal = fatal.expect("a panicked Raft core must be reported");
+    assert!(fatal.contains("metadata"), "{fatal}");
     node.shutdown().await;
 }

@@ -247,7 +247,9 @@ fn start_broker(
     start: Instant,
     lying: bool,
 ) -> SimBroker {
-    let voters: BTreeMap<u64, String> = (1..=scenario.brokers).map(|b| (b, broker_address(b).to_string())).collect();
+    let voters: BTreeMap<u64, String> = (1..=scenario.brokers)
+        .map(|b| (b, keel_server::node::default_internal_address(&broker_address(b).to_string()).expect("port")))
+        .collect();
     let disk = if lying { CrashDisk::new_lying() } else { CrashDisk::new() };
     let slot = BrokerSlot {
         disk: Arc::new(Mutex::new(disk)),

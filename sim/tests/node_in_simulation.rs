@@ -74,7 +74,9 @@ async fn propose(brokers: &[Broker], group: &GroupId, command: Command) -> Respo
 
 async fn scenario() -> u64 {
     let handle = Handle::current();
-    let voters: BTreeMap<u64, String> = (1..=3).map(|id| (id, address(id).to_string())).collect();
+    let voters: BTreeMap<u64, String> = (1..=3)
+        .map(|id| (id, keel_server::node::default_internal_address(&address(id).to_string()).unwrap()))
+        .collect();
     let mut brokers = Vec::new();
     let mut node_ids = Vec::new();
     for id in 1..=3u64 {

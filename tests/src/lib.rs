@@ -30,22 +30,50 @@ pub fn keel_binary() -> PathBuf {
     binary
 }
 
-/// A free loopback port that no other test of this process was given.
-/// Ports from `bind(0)` are released before the broker binds them, so two
-/// tests running at once could be handed the same one and their brokers
-/// would talk across clusters; a process-wide counter rules that out.
+/// A free loopback port for a broker's client listener that no other test
+/// of this process was given, whose internal listener's default port (this
+/// one + 100, see [`internal_address`]) is free too. Ports from `bind(0)`
+/// are released before the broker binds them, so two tests running at once
+/// could be handed the same one and their brokers would talk across
+/// clusters; a process-wide counter rules that out. Client ports come in
+/// blocks of 100 with a block left free above each, for the internal ports.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU16, Ordering};
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let _ = NEXT.compare_exchange(0, 10_000 + (std::process::id() % 9_000) as u16, Ordering::SeqCst, Ordering::SeqCst);
+    let start = 10_000 + (std::process::id() % 200) as u16 * 200;
+    let _ = NEXT.compare_exchange(0, start, Ordering::SeqCst, Ordering::SeqCst);
     loop {
         let port = NEXT.fetch_add(1, Ordering::SeqCst);
-        assert!(port >= 10_000, "ran out of test ports");
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+        assert!((10_000..65_000).contains(&port), "ran out of test ports");
+        if (port - 10_000) / 100 % 2 == 1 {
+            continue;
+        }
+        let bindable = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if bindable(port) && bindable(port + 100) {
             return port;
         }
     }
 }
+
+/// The internal (broker-to-broker) address a broker listening for clients
+/// on `address` gets by default: the same host, port + 100.
+pub fn internal_address(address: &str) -> String {
+    let (host, port) = address.rsplit_once(':').expect("host:port");
+    format!("{host}:{}", port.parse::<u16>().expect("port") + 100)
+}
+
+/// `--peers` for brokers 1, 2, ... listening for clients on `addresses`.
+pub fn peers(addresses: &[String]) -> String {
+    addresses
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={}", i + 1, internal_address(a)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The cluster secret the multi-broker tests give their brokers.
+pub const TEST_SECRET: &str = "keel-test-secret";
 
 /// A running `keel serve` process, killed when dropped.
 pub struct Broker {

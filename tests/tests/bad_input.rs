@@ -316,12 +316,6 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
         ),
         refused("create: exists", Code::AlreadyExists, "already exists", c.create_topic(create("t", 1, 1)).await),
         refused(
-            "add broker: id 0",
-            Code::InvalidArgument,
-            "reserved",
-            c.add_broker(pb::AddBrokerRequest { broker: 0, address: "x:1".into() }).await,
-        ),
-        refused(
             "join: bad session timeout",
             Code::InvalidArgument,
             "session timeout",

@@ -220,3 +220,78 @@ async fn a_long_poll_on_a_deleted_topic_is_told_not_found() {
     let status = tokio::time::timeout(Duration::from_secs(15), waiting).await.unwrap().unwrap().unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
 }
+
+/// A forged Raft vote with a term openraft cannot take: it used to be served
+/// on the client port, granted, and panic the metadata group for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_raft_message_cannot_reach_or_break_a_broker() {
+    use keel_proto::raft::raft_transport_client::RaftTransportClient;
+    use keel_proto::raft::RaftRequest;
+    let (dir, broker, address) = start().await;
+    let cluster_id = client(&address).describe_cluster().await.unwrap().cluster_id;
+    let secret = std::fs::read_to_string(dir.path().join("keel-data").join("cluster-secret")).unwrap();
+    let last = openraft::LogId::new(openraft::CommittedLeaderId::new(u64::MAX, 9), u64::MAX / 2);
+    let vote = openraft::raft::VoteRequest::new(openraft::Vote::new(u64::MAX, 9), Some(last));
+    let forged = |secret: &str| RaftRequest {
+        group: "metadata".into(),
+        payload: postcard::to_stdvec(&vote).unwrap(),
+        cluster_id,
+        secret: secret.into(),
+    };
+    let connect = |address: String| async move {
+        RaftTransportClient::new(Channel::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap())
+    };
+    // The client port does not serve the Raft transport at all.
+    let refused = connect(address.clone()).await.vote(forged(&secret)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unimplemented, "{refused:?}");
+    // The internal port wants the cluster secret...
+    let internal = keel_tests::internal_address(&address);
+    let refused = connect(internal.clone()).await.vote(forged("guess")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
+    // ... and, even with it, refuses a term no real election reaches.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refused = connect(internal).await.vote(forged(&secret)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    // The metadata group still takes writes, now and after a restart.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    create(&client(&address), "after", 1).await;
+    drop(broker);
+    let restarted = tokio::task::spawn_blocking({
+        let (dir, address) = (dir.path().to_path_buf(), address.clone());
+        move || Broker::start(&dir, &address, &[])
+    })
+    .await
+    .unwrap();
+    create(&client(&address), "after-restart", 1).await;
+    drop(restarted);
+}
+
+#[test]
+fn a_broker_that_cannot_listen_or_open_its_data_says_why_and_exits() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let serve = |args: &[&str]| {
+        std::process::Command::new(keel_tests::keel_binary())
+            .arg("serve")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap()
+    };
+    // The client port is taken.
+    let taken = std::net::TcpListener::bind(&address).unwrap();
+    let output = serve(&["--listen", &address]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cannot listen for clients on"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("listening"));
+    drop(taken);
+    // The data directory is in use by a running broker.
+    let _running = Broker::start(dir.path(), &address, &[]);
+    let other = format!("127.0.0.1:{}", free_port());
+    let output = serve(&["--listen", &other]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "one sentence: {stderr}");
+    assert!(stderr.contains("in use"), "{stderr}");
+}

@@ -43,7 +43,8 @@ fn values(broker: &str, topic: &str, p: u32) -> Vec<String> {
 fn a_broker_joins_takes_over_replicas_and_another_is_drained_and_removed() {
     let dirs: Vec<_> = (0..4).map(|_| tempfile::TempDir::new().unwrap()).collect();
     let addresses: Vec<String> = (0..4).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-    let peers = (0..3).map(|i| format!("{}={}", i + 1, addresses[i])).collect::<Vec<_>>().join(",");
+    let peers = keel_tests::peers(&addresses[..3]);
+    let secret = keel_tests::TEST_SECRET;
 
     // Broker 1 reads its settings from a TOML file; flags are only given
     // for what the harness needs (the listen address).
@@ -52,16 +53,18 @@ fn a_broker_joins_takes_over_replicas_and_another_is_drained_and_removed() {
     std::fs::write(
         &config,
         format!(
-            "id = 1\nadvertise = {:?}\ndata-dir = {:?}\npeers = [{}]\n",
+            "id = 1\nadvertise = {:?}\ndata-dir = {:?}\npeers = [{}]\ncluster-secret = {secret:?}\n",
             addresses[0],
             data_dir.display().to_string(),
-            (0..3).map(|i| format!("\"{}={}\"", i + 1, addresses[i])).collect::<Vec<_>>().join(", ")
+            peers.split(',').map(|p| format!("{p:?}")).collect::<Vec<_>>().join(", ")
         ),
     )
     .unwrap();
     let mut broker1 = Some(Broker::start(dirs[0].path(), &addresses[0], &["--config", config.to_str().unwrap()]));
-    let _broker2 = Broker::start(dirs[1].path(), &addresses[1], &["--id", "2", "--peers", &peers]);
-    let _broker3 = Broker::start(dirs[2].path(), &addresses[2], &["--id", "3", "--peers", &peers]);
+    let _broker2 =
+        Broker::start(dirs[1].path(), &addresses[1], &["--id", "2", "--peers", &peers, "--cluster-secret", secret]);
+    let _broker3 =
+        Broker::start(dirs[2].path(), &addresses[2], &["--id", "3", "--peers", &peers, "--cluster-secret", secret]);
     let b2 = addresses[1].as_str();
     eventually("three registered brokers", || {
         json(b2, &["cluster", "status", "--json"])["brokers"].as_array().map_or(0, Vec::len) == 3
@@ -75,7 +78,8 @@ fn a_broker_joins_takes_over_replicas_and_another_is_drained_and_removed() {
     assert_eq!(before.iter().map(Vec::len).sum::<usize>(), 200);
 
     // Broker 4 joins through broker 2 and becomes a metadata voter.
-    let _broker4 = Broker::start(dirs[3].path(), &addresses[3], &["--id", "4", "--join", b2]);
+    let _broker4 =
+        Broker::start(dirs[3].path(), &addresses[3], &["--id", "4", "--join", b2, "--cluster-secret", secret]);
     let cluster = json(b2, &["cluster", "status", "--json"]);
     assert_eq!(cluster["brokers"].as_array().unwrap().len(), 4, "{cluster}");
     let b4 = addresses[3].as_str();

@@ -38,7 +38,7 @@ impl Cluster {
     fn start() -> Cluster {
         let dirs: Vec<_> = (0..3).map(|_| tempfile::TempDir::new().unwrap()).collect();
         let addresses: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
-        let peers = addresses.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect::<Vec<_>>().join(",");
+        let peers = keel_tests::peers(&addresses);
         let mut cluster = Cluster { dirs, addresses, peers, brokers: Vec::new() };
         cluster.brokers = (0..3).map(|i| Some(cluster.start_broker(i))).collect();
         cluster.wait_ready();
@@ -46,7 +46,9 @@ impl Cluster {
     }
 
     fn start_broker(&self, i: usize) -> Broker {
-        Broker::start(self.dirs[i].path(), &self.addresses[i], &["--id", &(i + 1).to_string(), "--peers", &self.peers])
+        let id = (i + 1).to_string();
+        let args = ["--id", &id, "--peers", &self.peers, "--cluster-secret", keel_tests::TEST_SECRET];
+        Broker::start(self.dirs[i].path(), &self.addresses[i], &args)
     }
 
     fn kill(&mut self, i: usize) {

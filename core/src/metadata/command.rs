@@ -17,8 +17,9 @@ use crate::placement::{PartitionPlacement, PlacementError};
 /// time when it proposes it; apply receives that time as an argument.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetadataCommand {
-    /// Add a broker, or update a known broker's address.
-    RegisterBroker { broker: BrokerId, address: String },
+    /// Add a broker, or update a known broker's addresses: `address` for
+    /// clients, `internal_address` for other brokers (Raft).
+    RegisterBroker { broker: BrokerId, address: String, internal_address: String },
     /// Remove a broker that holds no replicas.
     RemoveBroker { broker: BrokerId },
     /// Create a topic and place all of its partitions, or none.

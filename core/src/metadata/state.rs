@@ -17,8 +17,11 @@ use crate::placement::{place_partitions, PartitionPlacement, PlacementLoad};
 /// A registered broker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BrokerInfo {
-    /// Where clients and peers reach it (`host:port`).
+    /// Where clients reach it (`host:port`).
     pub address: String,
+    /// Where other brokers reach it (`host:port`): its internal listener,
+    /// for Raft and broker-to-broker requests.
+    pub internal_address: String,
     pub registered_at: TimestampMs,
 }
 
@@ -113,7 +116,9 @@ impl MetadataState {
 
     fn apply_inner(&mut self, at: TimestampMs, command: &MetadataCommand) -> MetadataResult {
         match command {
-            MetadataCommand::RegisterBroker { broker, address } => self.register_broker(at, *broker, address),
+            MetadataCommand::RegisterBroker { broker, address, internal_address } => {
+                self.register_broker(at, *broker, address, internal_address)
+            }
             MetadataCommand::RemoveBroker { broker } => self.remove_broker(*broker),
             MetadataCommand::CreateTopic { topic, partitions, replication_factor, retention } => {
                 self.create_topic(at, topic, *partitions, *replication_factor, *retention)
@@ -131,28 +136,38 @@ impl MetadataState {
         }
     }
 
-    fn register_broker(&mut self, at: TimestampMs, broker: BrokerId, address: &str) -> MetadataResult {
+    fn register_broker(
+        &mut self,
+        at: TimestampMs,
+        broker: BrokerId,
+        address: &str,
+        internal_address: &str,
+    ) -> MetadataResult {
         let max = self.limits.broker_address_bytes_max as usize;
-        let reason = if address.is_empty() {
-            Some("it is empty: give host:port".to_string())
-        } else if address.len() > max {
-            Some(format!("it is longer than {max} bytes"))
-        } else if address.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            Some("it contains whitespace or control characters".to_string())
-        } else {
-            None
-        };
-        if let Some(reason) = reason {
-            return Err(MetadataRejection::InvalidBrokerAddress {
-                address: address.chars().take(max).collect(),
-                reason,
-            });
+        for address in [address, internal_address] {
+            let reason = if address.is_empty() {
+                Some("it is empty: give host:port".to_string())
+            } else if address.len() > max {
+                Some(format!("it is longer than {max} bytes"))
+            } else if address.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                Some("it contains whitespace or control characters".to_string())
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(MetadataRejection::InvalidBrokerAddress {
+                    address: address.chars().take(max).collect(),
+                    reason,
+                });
+            }
         }
         if !self.brokers.contains_key(&broker) && self.brokers.len() as u64 >= u64::from(self.limits.brokers_max) {
             return Err(MetadataRejection::TooManyBrokers { max: self.limits.brokers_max });
         }
         let registered_at = self.brokers.get(&broker).map_or(at, |known| known.registered_at);
-        self.brokers.insert(broker, BrokerInfo { address: address.to_string(), registered_at });
+        let info =
+            BrokerInfo { address: address.to_string(), internal_address: internal_address.to_string(), registered_at };
+        self.brokers.insert(broker, info);
         Ok(MetadataOutcome::BrokerRegistered { broker })
     }
 

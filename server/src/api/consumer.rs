@@ -70,7 +70,13 @@ pub(super) fn check_member(
             "member {member} is not in group {group} (its session may have expired): rejoin the group"
         )));
     };
-    if joined.member_epoch != member_epoch {
+    if member_epoch > joined.member_epoch {
+        return Err(Status::unavailable(format!(
+            "member {member} of group {group} joined with epoch {member_epoch}, newer than broker {broker} knows: \
+             retry shortly"
+        )));
+    }
+    if member_epoch < joined.member_epoch {
         return Err(super::errors::fenced_member(&HeartbeatError::Fenced {
             group: group.clone(),
             member: member.clone(),
@@ -169,6 +175,7 @@ impl KeelService {
                 Err(Status::not_found(error.to_string()))
             }
             Err(error @ HeartbeatError::Fenced { .. }) => Err(super::errors::fenced_member(&error)),
+            Err(error @ HeartbeatError::EpochAhead { .. }) => Err(Status::unavailable(error.to_string())),
         }
     }
 
@@ -183,7 +190,7 @@ impl KeelService {
         // current membership with it.
         let metadata = self.node.metadata();
         if let Some(joined) = metadata.group(&group).and_then(|g| g.members.get(&member)) {
-            if joined.member_epoch != request.member_epoch {
+            if request.member_epoch < joined.member_epoch {
                 return Err(super::errors::fenced_member(&HeartbeatError::Fenced {
                     group,
                     member,
@@ -361,7 +368,11 @@ mod tests {
     fn two_members() -> MetadataState {
         let mut metadata = MetadataState::new(Limits::default());
         let mut apply = |command| metadata.apply(TimestampMs(0), &command).unwrap();
-        apply(MetadataCommand::RegisterBroker { broker: BrokerId(1), address: "b:1".into() });
+        apply(MetadataCommand::RegisterBroker {
+            broker: BrokerId(1),
+            address: "b:1".into(),
+            internal_address: "b:2".into(),
+        });
         apply(MetadataCommand::CreateTopic {
             topic: "t".into(),
             partitions: 2,
@@ -400,6 +411,8 @@ mod tests {
         assert_eq!(check(owner, epoch(owner), generation.next(), 0), Err(tonic::Code::Unavailable));
         assert_eq!(check(owner, epoch(owner), Generation(generation.0 - 1), 0), Err(tonic::Code::Aborted));
         assert_eq!(check(owner, epoch(owner) - 1, generation, 0), Err(tonic::Code::FailedPrecondition));
+        // An epoch newer than this replica knows: not applied here yet.
+        assert_eq!(check(owner, epoch(owner) + 1, generation, 0), Err(tonic::Code::Unavailable));
         assert_eq!(check("stranger", 1, generation, 0), Err(tonic::Code::Aborted));
     }
 }

@@ -332,6 +332,7 @@ impl KeelService {
                     address: info.address.clone(),
                     live: id.0 == self.node.id() || since.is_some_and(|s| s <= LIVENESS_WINDOW),
                     last_contact_ms: since.map(|s| s.as_millis() as u64),
+                    internal_address: info.internal_address.clone(),
                 }
             })
             .collect();
@@ -344,18 +345,6 @@ impl KeelService {
             cluster_id: self.node.cluster_id(),
             metadata_voters,
         }))
-    }
-
-    async fn add_broker_call(
-        &self,
-        request: Request<pb::AddBrokerRequest>,
-    ) -> Result<Response<pb::AddBrokerResponse>, Status> {
-        let request = request.into_inner();
-        if request.broker == 0 {
-            return Err(Status::invalid_argument("broker id 0 is reserved: give the broker an id of 1 or more"));
-        }
-        self.node.add_broker(request.broker, request.address).await.map_err(membership_error)?;
-        Ok(Response::new(pb::AddBrokerResponse { cluster_id: self.node.cluster_id() }))
     }
 
     async fn remove_broker_call(
@@ -435,13 +424,6 @@ impl Keel for KeelService {
         request: Request<pb::DescribeClusterRequest>,
     ) -> Result<Response<pb::DescribeClusterResponse>, Status> {
         self.timed("DescribeCluster", self.describe_cluster_call(request)).await
-    }
-
-    async fn add_broker(
-        &self,
-        request: Request<pb::AddBrokerRequest>,
-    ) -> Result<Response<pb::AddBrokerResponse>, Status> {
-        self.timed("AddBroker", self.add_broker_call(request)).await
     }
 
     async fn remove_broker(

@@ -55,24 +55,41 @@ struct ServeArgs {
     #[arg(long, env = "KEEL_CONFIG")]
     #[serde(skip)]
     config: Option<PathBuf>,
-    /// This broker's id.
+    /// This broker's id [default: 1].
     #[arg(long, env = "KEEL_ID")]
     id: Option<u64>,
-    /// Address to listen on.
+    /// Address the client API listens on [default: 127.0.0.1:7070].
     #[arg(long, env = "KEEL_LISTEN")]
     listen: Option<SocketAddr>,
-    /// Address other brokers and clients use to reach this one (default: the
-    /// listen address).
+    /// Address clients use to reach this broker [default: the listen
+    /// address].
     #[arg(long, env = "KEEL_ADVERTISE")]
     advertise: Option<String>,
-    /// Data directory.
+    /// Address the internal listener (Raft and joins, for other brokers
+    /// only) listens on [default: the listen address's port + 100].
+    #[arg(long, env = "KEEL_INTERNAL_LISTEN")]
+    internal_listen: Option<SocketAddr>,
+    /// Address other brokers use to reach this one [default: the advertised
+    /// address's port + 100, or the internal listen address].
+    #[arg(long, env = "KEEL_INTERNAL_ADVERTISE")]
+    internal_advertise: Option<String>,
+    /// The secret every broker of the cluster shares (broker-to-broker
+    /// requests carry it). A new one-broker cluster creates one in
+    /// DATA_DIR/cluster-secret; a cluster of several brokers, and every
+    /// broker that joins, must be given it. Once given, it is kept in
+    /// DATA_DIR/cluster-secret.
+    #[arg(long, env = "KEEL_CLUSTER_SECRET", hide_env_values = true)]
+    cluster_secret: Option<String>,
+    /// Data directory [default: ./keel-data].
     #[arg(long, env = "KEEL_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// The brokers of a new cluster, this one included: ID=HOST:PORT,...
+    /// The brokers of a new cluster, this one included, by their internal
+    /// addresses: ID=HOST:PORT,...
     #[arg(long, env = "KEEL_PEERS", value_delimiter = ',')]
     peers: Option<Vec<String>>,
-    /// Join a running cluster through any of these brokers (host:port,...)
-    /// instead of forming a new one. Give the same on every restart.
+    /// Join a running cluster through any of these brokers (their client
+    /// addresses, host:port,...) instead of forming a new one. Give the same
+    /// on every restart, with the cluster's secret.
     #[arg(long, env = "KEEL_JOIN", value_delimiter = ',', conflicts_with = "peers")]
     join: Option<Vec<String>>,
     /// Serve Prometheus metrics at http://ADDRESS/metrics (off by default).
@@ -298,6 +315,73 @@ struct Settled {
     data_dir: PathBuf,
     join: Option<Vec<String>>,
     metrics_listen: Option<SocketAddr>,
+    /// The secret given by flag, variable or file, if any.
+    cluster_secret: Option<String>,
+}
+
+/// The file in the data directory that keeps the cluster secret.
+const SECRET_FILE: &str = "cluster-secret";
+/// Longest cluster secret, in bytes.
+const SECRET_BYTES_MAX: usize = 256;
+
+/// The cluster secret: the one given, checked against the one kept in the
+/// data directory; else the one kept; else, for a new one-broker cluster, a
+/// new one. The result is kept in the data directory.
+fn cluster_secret(given: Option<String>, data_dir: &std::path::Path, single: bool) -> anyhow::Result<String> {
+    let path = data_dir.join(SECRET_FILE);
+    let kept = match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text.trim().to_string()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+        Err(error) => return Err(error).with_context(|| format!("reading {}", path.display())),
+    };
+    let secret = match (given, kept) {
+        (Some(given), Some(kept)) if given != kept => bail!(
+            "the cluster secret given differs from the one this broker keeps in {}: give the cluster's secret, or \
+             use another data directory",
+            path.display()
+        ),
+        (Some(secret), _) | (None, Some(secret)) => secret,
+        (None, None) if single => {
+            use rand::Rng;
+            let bytes: [u8; 32] = rand::thread_rng().gen();
+            bytes.iter().map(|b| format!("{b:02x}")).collect()
+        }
+        (None, None) => bail!(
+            "brokers of a cluster share a secret: give every broker the same --cluster-secret (or \
+             KEEL_CLUSTER_SECRET), for example from `openssl rand -hex 32`"
+        ),
+    };
+    if secret.is_empty()
+        || secret.len() > SECRET_BYTES_MAX
+        || secret.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        bail!("the cluster secret must be 1-{SECRET_BYTES_MAX} bytes without whitespace");
+    }
+    std::fs::create_dir_all(data_dir).with_context(|| format!("creating {}", data_dir.display()))?;
+    write_private(&path, &secret).with_context(|| format!("keeping the cluster secret in {}", path.display()))?;
+    Ok(secret)
+}
+
+/// Write a file only its owner can read.
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
+}
+
+/// Refuse at once, with the reason, an address another process holds.
+fn check_free(what: &str, address: SocketAddr, flag: &str) -> anyhow::Result<()> {
+    match std::net::TcpListener::bind(address) {
+        Ok(_) => Ok(()),
+        Err(error) => {
+            bail!("cannot listen for {what} on {address}: {error}; stop what uses it or choose another {flag}")
+        }
+    }
 }
 
 /// Flags and KEEL_* variables over the config file over the defaults.
@@ -314,12 +398,30 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
     let advertise = args.advertise.or(file.advertise).unwrap_or_else(|| listen.to_string());
     let data_dir = args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("keel-data"));
     let metrics_listen = args.metrics_listen.or(file.metrics_listen);
+    let cluster_secret = args.cluster_secret.or(file.cluster_secret);
+    let internal = |config: &mut NodeConfig| -> anyhow::Result<()> {
+        if let Some(listen) = args.internal_listen.or(file.internal_listen) {
+            config.internal_listen = listen;
+            config.internal_advertised = listen.to_string();
+        }
+        if let Some(advertise) = args.internal_advertise.clone().or(file.internal_advertise.clone()) {
+            config.internal_advertised = advertise;
+        }
+        if config.internal_listen.port() == 0 {
+            bail!("the client port leaves no default internal port: give --internal-listen");
+        }
+        Ok(())
+    };
     let join = args.join.or(file.join).filter(|j| !j.is_empty());
     if let Some(join) = join {
         // The cluster id comes from the cluster once the broker reaches it.
-        let config = NodeConfig::new(id, listen, advertise, BTreeMap::new());
-        return Ok(Settled { config, data_dir, join: Some(join), metrics_listen });
+        let mut config = NodeConfig::new(id, listen, advertise, BTreeMap::new());
+        internal(&mut config)?;
+        return Ok(Settled { config, data_dir, join: Some(join), metrics_listen, cluster_secret });
     }
+    let mut config = NodeConfig::new(id, listen, advertise, BTreeMap::new());
+    internal(&mut config)?;
+    let internal_advertise = config.internal_advertised.clone();
     let mut voters = BTreeMap::new();
     for peer in args.peers.or(file.peers).unwrap_or_default() {
         let (peer_id, address) = peer.split_once('=').with_context(|| format!("peer {peer:?} is not ID=HOST:PORT"))?;
@@ -329,51 +431,60 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
         );
     }
     if voters.is_empty() {
-        voters.insert(id, advertise.clone());
+        voters.insert(id, internal_advertise.clone());
     }
-    if voters.get(&id) != Some(&advertise) {
-        bail!("the peers must include this broker as {id}={advertise}");
+    if voters.get(&id) != Some(&internal_advertise) {
+        bail!("the peers must include this broker by its internal address, as {id}={internal_advertise}");
     }
-    Ok(Settled { config: NodeConfig::new(id, listen, advertise, voters), data_dir, join: None, metrics_listen })
+    config.cluster_id = keel_server::node::cluster_id_of(&voters);
+    config.metadata_voters = voters;
+    Ok(Settled { config, data_dir, join: None, metrics_listen, cluster_secret })
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let Settled { mut config, data_dir, join, metrics_listen } = settle(args)?;
+    let Settled { mut config, data_dir, join, metrics_listen, cluster_secret: given_secret } = settle(args)?;
+    let single = join.is_none() && config.metadata_voters.len() == 1;
+    config.cluster_secret = cluster_secret(given_secret, &data_dir, single)?;
     let joining = match join {
         Some(join) => {
-            let cluster = Client::new(join.clone(), RetryPolicy::default())?;
-            config.cluster_id = cluster
+            let cluster = Client::new(join.clone(), RetryPolicy::default())?
                 .describe_cluster()
                 .await
-                .with_context(|| format!("asking {} for the cluster to join", join.join(",")))?
-                .cluster_id;
-            Some(cluster)
+                .with_context(|| format!("asking {} for the cluster to join", join.join(",")))?;
+            config.cluster_id = cluster.cluster_id;
+            // Any broker's internal address will do: it sends the join on to
+            // the metadata leader.
+            let through = cluster
+                .brokers
+                .iter()
+                .find(|b| b.id == cluster.metadata_leader)
+                .or(cluster.brokers.first())
+                .map(|b| b.internal_address.clone())
+                .with_context(|| format!("the cluster at {} has no registered broker yet", join.join(",")))?;
+            Some(through)
         }
         None => None,
     };
+    check_free("clients", config.listen, "--listen")?;
+    check_free("brokers", config.internal_listen, "--internal-listen")?;
     let store =
         NodeStore::open(&data_dir).with_context(|| format!("opening the data directory {}", data_dir.display()))?;
-    let (id, listen, single) = (config.id, config.listen, config.metadata_voters.len() == 1);
-    let advertised = config.advertised.clone();
+    let (id, listen) = (config.id, config.listen);
+    let internal_listen = config.internal_listen;
     let node = Node::start(config, store, Clock::system()).await?;
     if single {
         // A one-broker cluster is ready once it has registered itself; say
         // "listening" only then, so a client started next can use it.
         wait_until_registered(&node).await?;
     }
-    if let Some(cluster) = joining {
+    if let Some(through) = joining {
         // Returns once this broker has caught up and votes.
-        let mut attempt = 0;
-        while let Err(error) = cluster.add_broker(id, &advertised).await {
-            attempt += 1;
-            if attempt == 5 {
-                node.shutdown().await;
-                bail!("could not join the cluster: {error}");
-            }
-            tracing::warn!(%error, "joining the cluster did not finish yet; retrying");
+        if let Err(error) = node.join_cluster(through).await {
+            node.shutdown().await;
+            bail!("could not join the cluster: {error}");
         }
     }
-    let mut serving = format!("data in {}", data_dir.display());
+    let mut serving = format!("brokers on {internal_listen}; data in {}", data_dir.display());
     if let Some(address) = metrics_listen {
         if let Err(error) = serve_metrics(node.clone(), address).await {
             node.shutdown().await;

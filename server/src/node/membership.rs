@@ -24,12 +24,15 @@ use openraft::{BasicNode, ChangeMembers};
 
 use super::{Node, ProposeError};
 use crate::group::GroupId;
+use crate::raft::network::{JoinRefusal, JoinRequest};
 use crate::raft::types::{Command, NodeId, Raft, Response};
 
 /// How long a new member may take to catch up before the change gives up.
 /// Shorter than a client's request timeout: the caller (or the next duty
 /// round) retries, and catching up goes on meanwhile.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(8);
+/// Attempts a joining broker makes before it gives up.
+const JOIN_ATTEMPTS_MAX: u32 = 20;
 
 /// Why a membership change did not happen.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -127,19 +130,29 @@ impl Node {
         self.raft(group).map(|raft| voters(&raft))
     }
 
-    /// On the metadata leader: register `broker` at `address`, add it as a
-    /// learner of the metadata group, wait until it has caught up, and make
-    /// it a voter. Doing it again for a member changes nothing.
-    pub async fn add_broker(&self, broker: NodeId, address: String) -> Result<(), MembershipError> {
+    /// On the metadata leader: register `broker` at its client `address`
+    /// and `internal_address`, add it as a learner of the metadata group,
+    /// wait until it has caught up, and make it a voter. Doing it again for
+    /// a member changes nothing but its addresses.
+    pub async fn add_broker(
+        &self,
+        broker: NodeId,
+        address: String,
+        internal_address: String,
+    ) -> Result<(), MembershipError> {
         let group = GroupId::Metadata;
         let raft = self.raft(&group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
-        let register = MetadataCommand::RegisterBroker { broker: BrokerId(broker), address: address.clone() };
+        let register = MetadataCommand::RegisterBroker {
+            broker: BrokerId(broker),
+            address: address.clone(),
+            internal_address: internal_address.clone(),
+        };
         match self.propose(&group, Command::Metadata(register)).await? {
             Response::Metadata(Ok(_)) => {}
             Response::Metadata(Err(rejection)) => return Err(MembershipError::Rejected(rejection)),
             other => unreachable!("the metadata group answered {other:?}"),
         }
-        add_learner_and_catch_up(&group, &raft, broker, address).await?;
+        add_learner_and_catch_up(&group, &raft, broker, internal_address).await?;
         if !voters(&raft).contains(&broker) {
             raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([broker])), false)
                 .await
@@ -190,6 +203,97 @@ impl Node {
         }
     }
 
+    /// The metadata leader's id and internal address, as this broker's Raft
+    /// membership of the metadata group knows them.
+    fn metadata_leader_internal(&self, raft: &Raft) -> (Option<NodeId>, Option<String>) {
+        let metrics = raft.metrics();
+        let metrics = metrics.borrow();
+        let leader = metrics.current_leader;
+        let address = leader.and_then(|l| metrics.membership_config.membership().get_node(&l).map(|n| n.addr.clone()));
+        (leader, address)
+    }
+
+    /// On the metadata leader: take a broker's join (see [`Node::add_broker`]).
+    pub(super) async fn accept_join(&self, request: JoinRequest) -> Result<(), JoinRefusal> {
+        let raft = self.raft(&GroupId::Metadata).ok_or_else(|| JoinRefusal::Retry("no metadata group yet".into()))?;
+        let (leader, internal_address) = self.metadata_leader_internal(&raft);
+        if leader != Some(self.id()) {
+            return Err(JoinRefusal::NotLeader { leader, internal_address });
+        }
+        if request.broker == 0 {
+            return Err(JoinRefusal::Refused("broker id 0 is reserved: give the broker an id of 1 or more".into()));
+        }
+        match self.add_broker(request.broker, request.address, request.internal_address).await {
+            Ok(()) => Ok(()),
+            Err(MembershipError::Propose(ProposeError::NotLeader { .. })) => {
+                let (leader, internal_address) = self.metadata_leader_internal(&raft);
+                Err(JoinRefusal::NotLeader { leader, internal_address })
+            }
+            Err(error @ (MembershipError::Rejected(_) | MembershipError::LastBroker { .. })) => {
+                Err(JoinRefusal::Refused(error.to_string()))
+            }
+            Err(error) => Err(JoinRefusal::Retry(error.to_string())),
+        }
+    }
+
+    /// Join the cluster through the broker at `internal_address` (following
+    /// it to the metadata leader): returns once this broker is registered,
+    /// has caught up and votes. Harmless to repeat.
+    pub async fn join_cluster(&self, internal_address: String) -> Result<(), JoinRefusal> {
+        let request = JoinRequest {
+            broker: self.id(),
+            address: self.inner.config.advertised.clone(),
+            internal_address: self.inner.config.internal_advertised.clone(),
+        };
+        let mut target = internal_address;
+        let mut last = JoinRefusal::Retry("no attempt made".into());
+        for _ in 0..JOIN_ATTEMPTS_MAX {
+            match self.inner.peers.join(&target, &request, CATCH_UP_TIMEOUT + Duration::from_secs(5)).await {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(JoinRefusal::NotLeader { internal_address: Some(leader), .. })) => {
+                    target = leader;
+                    continue;
+                }
+                Ok(Err(refusal @ JoinRefusal::Refused(_))) => return Err(refusal),
+                Ok(Err(refusal)) => last = refusal,
+                Err(error) => last = JoinRefusal::Retry(format!("{target} did not answer: {error}")),
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Err(last)
+    }
+
+    /// Keep this broker's registration (its two addresses) current while it
+    /// votes in the metadata group: the leader registers itself; the others
+    /// ask the leader over the internal transport. A broker removed from the
+    /// metadata group does not register again.
+    pub(super) async fn keep_registration(&self, raft: &Raft, leading: bool) {
+        let me = self.id();
+        if !voters(raft).contains(&me) {
+            return;
+        }
+        let (address, internal_address) =
+            (self.inner.config.advertised.clone(), self.inner.config.internal_advertised.clone());
+        let current = self.metadata().brokers().get(&BrokerId(me)).cloned();
+        if current.is_some_and(|b| b.address == address && b.internal_address == internal_address) {
+            return;
+        }
+        if leading {
+            let command = MetadataCommand::RegisterBroker { broker: BrokerId(me), address, internal_address };
+            if let Err(error) = self.propose(&GroupId::Metadata, Command::Metadata(command)).await {
+                tracing::debug!(%error, "could not register this broker yet");
+            }
+            return;
+        }
+        let (_, Some(leader)) = self.metadata_leader_internal(raft) else { return };
+        let request = JoinRequest { broker: me, address, internal_address };
+        match self.inner.peers.join(&leader, &request, Duration::from_secs(5)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(refusal)) => tracing::debug!(%refusal, "the metadata leader did not register this broker yet"),
+            Err(error) => tracing::debug!(%error, "could not reach the metadata leader to register"),
+        }
+    }
+
     /// The replicas the metadata places a running partition group on, or
     /// `None` if its topic (with this id) is gone.
     pub(super) fn placement_of(metadata: &MetadataState, group: &GroupId) -> Option<Vec<BrokerId>> {
@@ -225,7 +329,7 @@ impl Node {
             }
             let addresses: BTreeMap<NodeId, String> = placement
                 .iter()
-                .map(|b| (b.0, metadata.brokers().get(b).map(|i| i.address.clone()).unwrap_or_default()))
+                .map(|b| (b.0, metadata.brokers().get(b).map(|i| i.internal_address.clone()).unwrap_or_default()))
                 .collect();
             let node = self.clone();
             self.spawn(async move {

@@ -7,8 +7,18 @@
 //! backoff; other groups replicate over their own requests and are not held
 //! up. A request for a group that is not running here (yet) fails with
 //! `NotFound`, which the sender treats as unreachable and retries later.
+//!
+//! The transport is served on the broker's internal listener only. Every
+//! request carries the cluster id and the cluster secret, checked before a
+//! group sees the request; terms, indexes and entry sequences from the wire
+//! are checked for sanity ([`sane_vote`], [`sane_append`],
+//! [`sane_snapshot`]) so that no message can drive openraft into one of its
+//! assertions. The same service carries `Join`: a broker asking the
+//! metadata leader to register it and make it a voter.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +33,7 @@ use openraft::raft::{
 };
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 
 use super::types::{NodeId, Raft, TypeConfig};
@@ -34,11 +44,62 @@ use crate::group::GroupId;
 /// with fewer entries (one entry is at most a 4 MiB batch).
 pub const RAFT_MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 
+/// Largest term a Raft message may carry. Real terms grow by one per
+/// election; a term near `u64::MAX` can only be forged, and would overflow
+/// inside openraft.
+pub const WIRE_TERM_MAX: u64 = 1 << 48;
+/// Largest log index (or snapshot offset) a Raft message may carry.
+pub const WIRE_INDEX_MAX: u64 = 1 << 56;
+
+/// What a broker proves to its peers: the cluster it belongs to and the
+/// cluster's secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClusterIdentity {
+    pub cluster_id: u64,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for ClusterIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the secret.
+        f.debug_struct("ClusterIdentity").field("cluster_id", &self.cluster_id).finish_non_exhaustive()
+    }
+}
+
+/// Equal secrets, compared in time independent of where they differ.
+fn secrets_match(given: &str, expected: &str) -> bool {
+    let (given, expected) = (given.as_bytes(), expected.as_bytes());
+    let differ = given.iter().zip(expected).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    given.len() == expected.len() && differ == 0
+}
+
+/// A broker's request to join the cluster (or to update its addresses).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinRequest {
+    pub broker: NodeId,
+    /// Where clients reach it.
+    pub address: String,
+    /// Where brokers reach it.
+    pub internal_address: String,
+}
+
+/// Why the metadata leader did not take a join.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum JoinRefusal {
+    #[error("this broker does not lead the metadata group; the leader is {leader:?} at {internal_address:?}")]
+    NotLeader { leader: Option<NodeId>, internal_address: Option<String> },
+    #[error("{0}")]
+    Refused(String),
+    #[error("{0}; retry")]
+    Retry(String),
+}
+
 /// Channels to peers, one per peer address, shared by every group; and
 /// when each peer last answered a Raft message (its liveness as this broker
 /// sees it, on the runtime's monotonic clock; for reporting only).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Peers {
+    identity: Arc<ClusterIdentity>,
     channels: Arc<Mutex<BTreeMap<String, Channel>>>,
     answered: Arc<Mutex<BTreeMap<NodeId, tokio::time::Instant>>>,
     /// Peers that just failed to answer, and until when no group on this
@@ -67,6 +128,43 @@ pub enum TransportError {
 }
 
 impl Peers {
+    /// No channels yet; requests carry `identity`.
+    pub fn new(identity: ClusterIdentity) -> Peers {
+        Peers {
+            identity: Arc::new(identity),
+            channels: Arc::default(),
+            answered: Arc::default(),
+            resting: Arc::default(),
+        }
+    }
+
+    /// The identity this broker proves to its peers.
+    pub fn identity(&self) -> &ClusterIdentity {
+        &self.identity
+    }
+
+    /// Ask the broker at `internal_address` (the metadata leader) to take
+    /// `request`: register it and make it a metadata voter. Waits until it
+    /// has caught up, up to `timeout`.
+    pub async fn join(
+        &self,
+        internal_address: &str,
+        request: &JoinRequest,
+        timeout: Duration,
+    ) -> Result<Result<(), JoinRefusal>, TransportError> {
+        let channel = self.channel(internal_address)?;
+        let mut client = RaftTransportClient::new(channel);
+        let mut message = tonic::Request::new(RaftRequest {
+            group: String::new(),
+            payload: postcard::to_stdvec(request)?,
+            cluster_id: self.identity.cluster_id,
+            secret: self.identity.secret.clone(),
+        });
+        message.set_timeout(timeout);
+        let reply = client.join(message).await?;
+        Ok(postcard::from_bytes(&reply.into_inner().payload)?)
+    }
+
     /// How long ago `peer` last answered a Raft message from this broker.
     pub fn since_answer(&self, peer: NodeId) -> Option<Duration> {
         self.answered.lock().expect("peer answers").get(&peer).map(|at| at.elapsed())
@@ -91,12 +189,11 @@ impl Peers {
 pub struct GroupNetwork {
     group: String,
     peers: Peers,
-    cluster_id: u64,
 }
 
 impl GroupNetwork {
-    pub fn new(group: &GroupId, peers: Peers, cluster_id: u64) -> Self {
-        GroupNetwork { group: group.key(), peers, cluster_id }
+    pub fn new(group: &GroupId, peers: Peers) -> Self {
+        GroupNetwork { group: group.key(), peers }
     }
 }
 
@@ -104,13 +201,7 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
-        PeerClient {
-            group: self.group.clone(),
-            peers: self.peers.clone(),
-            target,
-            address: node.addr.clone(),
-            cluster_id: self.cluster_id,
-        }
+        PeerClient { group: self.group.clone(), peers: self.peers.clone(), target, address: node.addr.clone() }
     }
 }
 
@@ -121,7 +212,6 @@ pub struct PeerClient {
     peers: Peers,
     target: NodeId,
     address: String,
-    cluster_id: u64,
 }
 
 /// Which RPC to call.
@@ -179,8 +269,13 @@ impl PeerClient {
         if payload.len() > RAFT_MESSAGE_BYTES_MAX - 1024 {
             return Err(TransportError::TooLarge { bytes: payload.len() });
         }
-        let mut message =
-            tonic::Request::new(RaftRequest { group: self.group.clone(), payload, cluster_id: self.cluster_id });
+        let identity = self.peers.identity();
+        let mut message = tonic::Request::new(RaftRequest {
+            group: self.group.clone(),
+            payload,
+            cluster_id: identity.cluster_id,
+            secret: identity.secret.clone(),
+        });
         message.set_timeout(option.hard_ttl());
         let reply = match rpc {
             Rpc::AppendEntries => client.append_entries(message).await?,
@@ -247,30 +342,47 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
+/// A join as the directory answers it.
+pub type JoinFuture = Pin<Box<dyn Future<Output = Result<(), JoinRefusal>> + Send>>;
+
 /// The groups running on this node, by key, for the transport service.
 pub trait GroupDirectory: Send + Sync + 'static {
     /// The Raft handle of a group running here.
     fn raft(&self, group: &GroupId) -> Option<Raft>;
+
+    /// Take a broker's join (on the metadata leader).
+    fn join(&self, request: JoinRequest) -> JoinFuture;
 }
 
 /// The server side of the transport: routes each request to its group.
 pub struct TransportService<D> {
     directory: Arc<D>,
-    cluster_id: u64,
+    identity: ClusterIdentity,
 }
 
 impl<D: GroupDirectory> TransportService<D> {
-    pub fn new(directory: Arc<D>, cluster_id: u64) -> Self {
-        TransportService { directory, cluster_id }
+    pub fn new(directory: Arc<D>, identity: ClusterIdentity) -> Self {
+        TransportService { directory, identity }
+    }
+
+    /// Refuse a request from outside the cluster.
+    fn authenticate(&self, request: &RaftRequest) -> Result<(), tonic::Status> {
+        if request.cluster_id != self.identity.cluster_id {
+            return Err(tonic::Status::failed_precondition(format!(
+                "this broker belongs to cluster {:x}, the request to cluster {:x}: check the peers configuration",
+                self.identity.cluster_id, request.cluster_id
+            )));
+        }
+        if !secrets_match(&request.secret, &self.identity.secret) {
+            return Err(tonic::Status::unauthenticated(
+                "the request does not carry this cluster's secret: give every broker the same --cluster-secret",
+            ));
+        }
+        Ok(())
     }
 
     fn group(&self, request: &RaftRequest) -> Result<Raft, tonic::Status> {
-        if request.cluster_id != self.cluster_id {
-            return Err(tonic::Status::failed_precondition(format!(
-                "this broker belongs to cluster {:x}, the request to cluster {:x}: check the peers configuration",
-                self.cluster_id, request.cluster_id
-            )));
-        }
+        self.authenticate(request)?;
         let group = GroupId::parse(&request.group).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
         self.directory
             .raft(&group)
@@ -281,6 +393,63 @@ impl<D: GroupDirectory> TransportService<D> {
 fn decode<T: DeserializeOwned>(request: &RaftRequest) -> Result<T, tonic::Status> {
     postcard::from_bytes(&request.payload)
         .map_err(|e| tonic::Status::invalid_argument(format!("undecodable Raft message: {e}")))
+}
+
+fn insane(what: &str) -> tonic::Status {
+    tonic::Status::invalid_argument(format!("refused a Raft message whose {what}"))
+}
+
+fn sane_term(vote: &openraft::Vote<NodeId>) -> Result<(), tonic::Status> {
+    if vote.leader_id().term > WIRE_TERM_MAX {
+        return Err(insane(&format!("term {} is above {WIRE_TERM_MAX}", vote.leader_id().term)));
+    }
+    Ok(())
+}
+
+fn sane_log_id(log_id: Option<&openraft::LogId<NodeId>>, term_max: u64, what: &str) -> Result<(), tonic::Status> {
+    match log_id {
+        Some(id) if id.index > WIRE_INDEX_MAX => Err(insane(&format!("{what} index {} is too large", id.index))),
+        Some(id) if id.leader_id.term > term_max => {
+            Err(insane(&format!("{what} term {} is above the sender's term {term_max}", id.leader_id.term)))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A vote request whose term and last log id could be real.
+pub fn sane_vote(request: &VoteRequest<NodeId>) -> Result<(), tonic::Status> {
+    sane_term(&request.vote)?;
+    sane_log_id(request.last_log_id.as_ref(), request.vote.leader_id().term, "last log")
+}
+
+/// An AppendEntries whose term, ids and entries could be real: entries
+/// follow `prev_log_id` without a gap, with terms that never fall and never
+/// pass the sender's.
+pub fn sane_append(request: &AppendEntriesRequest<TypeConfig>) -> Result<(), tonic::Status> {
+    sane_term(&request.vote)?;
+    let term = request.vote.leader_id().term;
+    sane_log_id(request.prev_log_id.as_ref(), term, "previous log")?;
+    sane_log_id(request.leader_commit.as_ref(), term, "commit")?;
+    let first = request.prev_log_id.map_or(0, |id| id.index + 1);
+    let mut last_term = request.prev_log_id.map_or(0, |id| id.leader_id.term);
+    for (expected, entry) in (first..).zip(&request.entries) {
+        sane_log_id(Some(&entry.log_id), term, "entry")?;
+        if entry.log_id.index != expected || entry.log_id.leader_id.term < last_term {
+            return Err(insane(&format!("entries do not follow on from index {expected}")));
+        }
+        last_term = entry.log_id.leader_id.term;
+    }
+    Ok(())
+}
+
+/// A snapshot chunk whose term, last log id and offset could be real.
+pub fn sane_snapshot(request: &InstallSnapshotRequest<TypeConfig>) -> Result<(), tonic::Status> {
+    sane_term(&request.vote)?;
+    sane_log_id(request.meta.last_log_id.as_ref(), request.vote.leader_id().term, "snapshot")?;
+    if request.offset > WIRE_INDEX_MAX {
+        return Err(insane(&format!("snapshot offset {} is too large", request.offset)));
+    }
+    Ok(())
 }
 
 fn reply<T: Serialize>(result: &T) -> Result<tonic::Response<RaftReply>, tonic::Status> {
@@ -297,13 +466,17 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
     ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
         let request = request.into_inner();
         let raft = self.group(&request)?;
-        reply(&raft.append_entries(decode(&request)?).await)
+        let append = decode(&request)?;
+        sane_append(&append)?;
+        reply(&raft.append_entries(append).await)
     }
 
     async fn vote(&self, request: tonic::Request<RaftRequest>) -> Result<tonic::Response<RaftReply>, tonic::Status> {
         let request = request.into_inner();
         let raft = self.group(&request)?;
-        reply(&raft.vote(decode(&request)?).await)
+        let vote = decode(&request)?;
+        sane_vote(&vote)?;
+        reply(&raft.vote(vote).await)
     }
 
     async fn install_snapshot(
@@ -312,7 +485,16 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
     ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
         let request = request.into_inner();
         let raft = self.group(&request)?;
-        reply(&raft.install_snapshot(decode(&request)?).await)
+        let chunk = decode(&request)?;
+        sane_snapshot(&chunk)?;
+        reply(&raft.install_snapshot(chunk).await)
+    }
+
+    async fn join(&self, request: tonic::Request<RaftRequest>) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let request = request.into_inner();
+        self.authenticate(&request)?;
+        let join: JoinRequest = decode(&request)?;
+        reply(&self.directory.join(join).await)
     }
 }
 
@@ -326,18 +508,54 @@ mod tests {
         fn raft(&self, _group: &GroupId) -> Option<Raft> {
             None
         }
+
+        fn join(&self, _request: JoinRequest) -> JoinFuture {
+            Box::pin(async { Err(JoinRefusal::Refused("no".into())) })
+        }
     }
 
-    fn refusal(cluster_id: u64, group: &str) -> tonic::Code {
-        let service = TransportService::new(Arc::new(NoGroups), 7);
-        let request = RaftRequest { group: group.to_string(), payload: Vec::new(), cluster_id };
+    fn refusal(cluster_id: u64, secret: &str, group: &str) -> tonic::Code {
+        let identity = ClusterIdentity { cluster_id: 7, secret: "s3cret".into() };
+        let service = TransportService::new(Arc::new(NoGroups), identity);
+        let request = RaftRequest { group: group.to_string(), payload: Vec::new(), cluster_id, secret: secret.into() };
         service.group(&request).err().expect("refused").code()
     }
 
     #[test]
-    fn requests_from_another_cluster_or_for_unknown_groups_are_refused() {
-        assert_eq!(refusal(8, "metadata"), tonic::Code::FailedPrecondition);
-        assert_eq!(refusal(7, "metadata"), tonic::Code::NotFound);
-        assert_eq!(refusal(7, "not a group"), tonic::Code::InvalidArgument);
+    fn requests_from_another_cluster_without_the_secret_or_for_unknown_groups_are_refused() {
+        assert_eq!(refusal(8, "s3cret", "metadata"), tonic::Code::FailedPrecondition);
+        assert_eq!(refusal(7, "", "metadata"), tonic::Code::Unauthenticated);
+        assert_eq!(refusal(7, "s3creT", "metadata"), tonic::Code::Unauthenticated);
+        assert_eq!(refusal(7, "s3cret!", "metadata"), tonic::Code::Unauthenticated);
+        assert_eq!(refusal(7, "s3cret", "metadata"), tonic::Code::NotFound);
+        assert_eq!(refusal(7, "s3cret", "not a group"), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn forged_terms_and_indexes_are_refused_before_openraft_sees_them() {
+        use openraft::{CommittedLeaderId, LogId, Vote};
+        let log_id = |term: u64, index: u64| LogId::new(CommittedLeaderId::new(term, 1), index);
+        assert!(sane_vote(&VoteRequest::new(Vote::new(3, 1), Some(log_id(2, 10)))).is_ok());
+        assert!(sane_vote(&VoteRequest::new(Vote::new(u64::MAX, 1), None)).is_err());
+        assert!(sane_vote(&VoteRequest::new(Vote::new(3, 1), Some(log_id(4, 10)))).is_err());
+        assert!(sane_vote(&VoteRequest::new(Vote::new(3, 1), Some(log_id(2, u64::MAX)))).is_err());
+        let append = |prev: Option<LogId<NodeId>>, entries: Vec<(u64, u64)>| AppendEntriesRequest::<TypeConfig> {
+            vote: Vote::new_committed(5, 1),
+            prev_log_id: prev,
+            leader_commit: None,
+            entries: entries
+                .into_iter()
+                .map(|(term, index)| openraft::Entry {
+                    log_id: log_id(term, index),
+                    payload: openraft::EntryPayload::Blank,
+                })
+                .collect(),
+        };
+        assert!(sane_append(&append(Some(log_id(2, 4)), vec![(2, 5), (5, 6)])).is_ok());
+        assert!(sane_append(&append(None, vec![(1, 0)])).is_ok());
+        assert!(sane_append(&append(Some(log_id(2, 4)), vec![(2, 6)])).is_err(), "a gap");
+        assert!(sane_append(&append(Some(log_id(2, 4)), vec![(1, 5)])).is_err(), "a falling term");
+        assert!(sane_append(&append(Some(log_id(2, 4)), vec![(6, 5)])).is_err(), "a term above the sender's");
+        assert!(sane_append(&append(Some(log_id(2, u64::MAX - 1)), vec![])).is_err());
     }
 }

@@ -28,8 +28,13 @@ const NODE: TableDefinition<&str, u64> = TableDefinition::new("node");
 /// A storage failure. Fatal for the node: stop and restart from disk.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    // The source is shown in the message, so it is not also a `source()`
+    // (error reports would print it twice).
     #[error("redb: {0}")]
-    Redb(#[from] redb::Error),
+    Redb(redb::Error),
+    /// Another process (a broker still running?) holds the database.
+    #[error("it is in use by another process: stop the broker running on it, or choose another --data-dir")]
+    InUse,
     #[error("a stored value does not decode ({0}); the data directory is damaged or from another version")]
     Decode(#[from] postcard::Error),
     #[error("an earlier storage error stopped this store; restart the node")]
@@ -42,6 +47,12 @@ pub enum StoreError {
     Closed,
     #[error("the partition record store is read-only here")]
     ReadOnly,
+}
+
+impl From<redb::Error> for StoreError {
+    fn from(error: redb::Error) -> Self {
+        StoreError::Redb(error)
+    }
 }
 
 macro_rules! from_redb {
@@ -106,7 +117,11 @@ impl NodeStore {
     /// Open or create the database in `dir/keel.redb`.
     pub fn open(dir: &Path) -> Result<Arc<NodeStore>, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Redb(redb::Error::Io(e)))?;
-        let db = Database::builder().create(dir.join("keel.redb"))?;
+        let db = match Database::builder().create(dir.join("keel.redb")) {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => return Err(StoreError::InUse),
+            Err(error) => return Err(error.into()),
+        };
         Self::from_database(db)
     }
 
