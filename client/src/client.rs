@@ -290,6 +290,15 @@ impl Client {
         Ok(cluster)
     }
 
+    /// Move every replica off a broker; returns how many moved. The broker's
+    /// `replicas` in [`Client::describe_cluster`] counts down as they go.
+    pub async fn drain_broker(&self, broker: u64) -> Result<u64, ClientError> {
+        let response = self
+            .call(Route::Metadata, |mut c| async move { c.drain_broker(pb::DrainBrokerRequest { broker }).await })
+            .await?;
+        Ok(response.moved)
+    }
+
     /// Remove a broker that holds no replicas.
     pub async fn remove_broker(&self, broker: u64) -> Result<(), ClientError> {
         self.call(Route::Metadata, |mut c| async move { c.remove_broker(pb::RemoveBrokerRequest { broker }).await })

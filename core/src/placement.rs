@@ -27,6 +27,13 @@ pub struct PartitionPlacement {
     /// Only a partition at epoch 0 may be initialised as a new Raft group;
     /// after a move its group already exists and changes membership instead.
     pub epoch: u64,
+    /// Brokers moved off this partition that may still be members (voters
+    /// or learners) of its Raft group: a move commits here at once, the
+    /// group's membership follows later. Cleared when the partition's
+    /// leader reports that its membership is exactly `replicas`
+    /// (`MetadataCommand::MoveSettled`). A broker listed here still holds
+    /// the partition's data and may not be removed.
+    pub leaving: Vec<BrokerId>,
 }
 
 impl PartitionPlacement {
@@ -93,7 +100,7 @@ pub fn place_partitions(
         let leader_position =
             (0..replicas.len()).min_by_key(|&i| (load.leaders.get(&replicas[i]).copied().unwrap_or(0), i)).unwrap_or(0);
         replicas.swap(0, leader_position);
-        let placement = PartitionPlacement { replicas, epoch: 0 };
+        let placement = PartitionPlacement { replicas, epoch: 0, leaving: Vec::new() };
         load.add(std::slice::from_ref(&placement));
         placements.push(placement);
     }

@@ -77,6 +77,8 @@ struct Model {
     brokers: BTreeMap<u64, String>,
     /// Topic name to each partition's replicas.
     topics: BTreeMap<String, Vec<Vec<u64>>>,
+    /// Brokers moved off a partition whose group may still name them.
+    leaving: BTreeMap<(String, u32), BTreeSet<u64>>,
     groups: BTreeMap<String, ModelGroup>,
     next_producer: u64,
 }
@@ -96,6 +98,7 @@ impl Model {
             limits: limits(),
             brokers: BTreeMap::new(),
             topics: BTreeMap::new(),
+            leaving: BTreeMap::new(),
             groups: BTreeMap::new(),
             next_producer: 1,
         }
@@ -122,7 +125,9 @@ impl Model {
                 if !self.brokers.contains_key(&broker.0) {
                     return Err("UnknownBroker");
                 }
-                if self.topics.values().flatten().any(|r| r.contains(&broker.0)) {
+                if self.topics.values().flatten().any(|r| r.contains(&broker.0))
+                    || self.leaving.values().any(|l| l.contains(&broker.0))
+                {
                     return Err("BrokerHoldsReplicas");
                 }
                 Ok(())
@@ -228,6 +233,9 @@ impl Model {
                 Ok(())
             }
             MetadataCommand::AllocateProducerId => Ok(()),
+            // Not generated: moves settling and drains are tested by example
+            // in tests/rejections.rs.
+            MetadataCommand::MoveSettled { .. } | MetadataCommand::DrainBroker { .. } => unreachable!("not generated"),
         }
     }
 
@@ -255,9 +263,15 @@ impl Model {
             }
             (MetadataCommand::DeleteTopic { topic }, _) => {
                 self.topics.remove(topic);
+                self.leaving.retain(|(t, _), _| t != topic);
             }
             (MetadataCommand::MoveReplicas { topic, partition, replicas }, _) => {
-                self.topics.get_mut(topic).unwrap()[partition.0 as usize] = replicas.iter().map(|b| b.0).collect();
+                let to: Vec<u64> = replicas.iter().map(|b| b.0).collect();
+                let from =
+                    std::mem::replace(&mut self.topics.get_mut(topic).unwrap()[partition.0 as usize], to.clone());
+                let leaving = self.leaving.entry((topic.clone(), partition.0)).or_default();
+                leaving.extend(from);
+                leaving.retain(|b| !to.contains(b));
             }
             (
                 MetadataCommand::JoinGroup { group, member, topics, assignor, .. },
@@ -335,6 +349,8 @@ fn rejection_kind(rejection: &MetadataRejection) -> &'static str {
         MetadataRejection::TooManyBrokers { .. } => "TooManyBrokers",
         MetadataRejection::UnknownBroker { .. } => "UnknownBroker",
         MetadataRejection::BrokerHoldsReplicas { .. } => "BrokerHoldsReplicas",
+        MetadataRejection::StaleMoveReport { .. } => "StaleMoveReport",
+        MetadataRejection::NowhereToDrain { .. } => "NowhereToDrain",
         MetadataRejection::TopicExists { .. } => "TopicExists",
         MetadataRejection::UnknownTopic { .. } => "UnknownTopic",
         MetadataRejection::InvalidPartitionCount { .. } => "InvalidPartitionCount",

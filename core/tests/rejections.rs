@@ -351,3 +351,80 @@ fn moving_replicas_bumps_the_placement_epoch() {
     assert_eq!((placement.replicas.clone(), placement.epoch), (vec![BrokerId(2), BrokerId(1)], 1));
     assert_eq!(state.topic(&topic).unwrap().partitions[1].epoch, 0);
 }
+
+fn register(broker: u64) -> MetadataCommand {
+    MetadataCommand::RegisterBroker {
+        broker: BrokerId(broker),
+        address: format!("h:{broker}"),
+        internal_address: format!("i:{broker}"),
+    }
+}
+
+#[test]
+fn a_broker_moved_off_a_partition_stays_until_the_group_settles() {
+    let mut state = cluster();
+    state.apply(TimestampMs(2), &register(3)).unwrap();
+    let topic = keel_core::TopicName::new("t").unwrap();
+    let topic_id = state.topic(&topic).unwrap().id;
+    // Partition 0 moves from [1, 2] (in some order) to [2, 3].
+    let to = vec![BrokerId(2), BrokerId(3)];
+    let command = MetadataCommand::MoveReplicas { topic: "t".into(), partition: PartitionIndex(0), replicas: to };
+    state.apply(TimestampMs(3), &command).unwrap();
+    let placement = state.topic(&topic).unwrap().partitions[0].clone();
+    assert_eq!(placement.leaving, vec![BrokerId(1)]);
+    state.check_invariants().unwrap();
+    // Broker 1 is still named by partition 1 and, until its group settles,
+    // by partition 0: it may not go.
+    let remove = MetadataCommand::RemoveBroker { broker: BrokerId(1) };
+    assert!(matches!(state.apply(TimestampMs(4), &remove), Err(MetadataRejection::BrokerHoldsReplicas { .. })));
+    // A report for another epoch or another incarnation changes nothing.
+    let settled = |topic_id: u64, epoch: u64| MetadataCommand::MoveSettled {
+        topic: "t".into(),
+        topic_id,
+        partition: PartitionIndex(0),
+        epoch,
+    };
+    let before = state.clone();
+    let stale = state.apply(TimestampMs(5), &settled(topic_id, placement.epoch - 1));
+    assert!(matches!(stale, Err(MetadataRejection::StaleMoveReport { .. })), "{stale:?}");
+    assert!(state.apply(TimestampMs(5), &settled(topic_id + 1, placement.epoch)).is_err());
+    assert_eq!(state.topics(), before.topics());
+    state.apply(TimestampMs(6), &settled(topic_id, placement.epoch)).unwrap();
+    assert!(state.topic(&topic).unwrap().partitions[0].leaving.is_empty());
+    assert_eq!(state.replicas_on(BrokerId(1)), 1, "partition 1 still has a replica on broker 1");
+}
+
+#[test]
+fn draining_moves_every_replica_off_all_or_nothing() {
+    let mut state = cluster();
+    // Two brokers, replication factor 2: broker 1's replicas have nowhere to go.
+    let before = state.clone();
+    let drain = MetadataCommand::DrainBroker { broker: BrokerId(1) };
+    assert!(matches!(state.apply(TimestampMs(2), &drain), Err(MetadataRejection::NowhereToDrain { .. })));
+    assert_eq!(state.topics(), before.topics());
+    assert_eq!(
+        state.apply(TimestampMs(2), &MetadataCommand::DrainBroker { broker: BrokerId(9) }),
+        Err(MetadataRejection::UnknownBroker { broker: BrokerId(9) })
+    );
+    state.apply(TimestampMs(3), &register(3)).unwrap();
+    let outcome = state.apply(TimestampMs(4), &drain).unwrap();
+    assert_eq!(outcome, keel_core::metadata::MetadataOutcome::BrokerDrained { broker: BrokerId(1), moved: 2 });
+    state.check_invariants().unwrap();
+    let topic = keel_core::TopicName::new("t").unwrap();
+    for placement in &state.topic(&topic).unwrap().partitions {
+        assert!(!placement.replicas.contains(&BrokerId(1)), "{placement:?}");
+        assert_eq!(placement.leaving, vec![BrokerId(1)]);
+        assert_eq!(placement.replicas.len(), 2);
+    }
+    assert!(state.brokers()[&BrokerId(1)].draining);
+    // Until the groups settle the broker counts as holding them.
+    assert_eq!(state.replicas_on(BrokerId(1)), 2);
+    // New topics place nothing on a draining broker.
+    state.apply(TimestampMs(5), &MetadataCommand::DeleteTopic { topic: "t".into() }).unwrap();
+    state.apply(TimestampMs(6), &create("u", 4, 2)).unwrap();
+    let placed = &state.topic(&keel_core::TopicName::new("u").unwrap()).unwrap().partitions;
+    assert!(placed.iter().all(|p| !p.replicas.contains(&BrokerId(1))), "{placed:?}");
+    // Registering again (a restart) keeps it draining.
+    state.apply(TimestampMs(7), &register(1)).unwrap();
+    assert!(state.brokers()[&BrokerId(1)].draining);
+}

@@ -31,7 +31,7 @@ use crate::api::KeelService;
 use crate::clock::Clock;
 use crate::group::GroupId;
 use crate::raft::network::{
-    ClusterIdentity, GroupDirectory, GroupNetwork, JoinFuture, JoinRequest, Peers, TransportService,
+    ClusterIdentity, GroupDirectory, GroupNetwork, JoinFuture, JoinRequest, MoveSettledReport, Peers, TransportService,
     RAFT_MESSAGE_BYTES_MAX,
 };
 use crate::raft::types::{Command, NodeId, Raft, Request, Response};
@@ -252,6 +252,16 @@ impl GroupDirectory for Directory {
         Box::pin(async move {
             match node {
                 Some(node) => node.accept_join(request).await,
+                None => Err(crate::raft::network::JoinRefusal::Retry("the broker is stopping".into())),
+            }
+        })
+    }
+
+    fn move_settled(&self, report: MoveSettledReport) -> JoinFuture {
+        let node = self.0.upgrade().map(|inner| Node { inner });
+        Box::pin(async move {
+            match node {
+                Some(node) => node.accept_move_settled(report).await,
                 None => Err(crate::raft::network::JoinRefusal::Retry("the broker is stopping".into())),
             }
         })

@@ -99,8 +99,10 @@ fn a_broker_joins_takes_over_replicas_and_another_is_drained_and_removed() {
         eventually("broker 4 to hold every record", || values(b4, "moves", p) == before[p as usize]);
     }
 
-    // Broker 1 holds no replicas now: it can be removed, and the cluster
-    // goes on without it.
+    // Broker 1 holds no replicas now: once its groups have dropped it
+    // (drain waits for that), it can be removed, and the cluster goes on
+    // without it.
+    cli_ok(b2, &["cluster", "drain", "1", "--timeout-secs", "60"], "");
     let refused = cli(b2, &["cluster", "remove-broker", "9"], "");
     assert!(!refused.status.success(), "removing an unknown broker must fail");
     assert!(String::from_utf8_lossy(&refused.stderr).contains("not registered"));
@@ -121,4 +123,65 @@ fn a_broker_joins_takes_over_replicas_and_another_is_drained_and_removed() {
     for p in after[0]["partitions"].as_array().unwrap() {
         assert!(!ids(&p["replicas"]).contains(&1), "a removed broker gets no replicas: {p}");
     }
+}
+
+/// A move whose target is down commits its placement at once, but the
+/// partition's group keeps its old replica as its only voter: removing that
+/// broker then would lose the partition. It is refused until the group has
+/// followed the move.
+#[test]
+fn a_broker_still_in_a_moving_group_is_not_removed() {
+    let dirs: Vec<_> = (0..4).map(|_| tempfile::TempDir::new().unwrap()).collect();
+    let addresses: Vec<String> = (0..4).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+    let peers = keel_tests::peers(&addresses[..3]);
+    let secret = keel_tests::TEST_SECRET;
+    let start = |i: usize, how: &[&str]| {
+        let id = (i + 1).to_string();
+        let mut args = vec!["--id", id.as_str(), "--cluster-secret", secret];
+        args.extend_from_slice(how);
+        Broker::start(dirs[i].path(), &addresses[i], &args)
+    };
+    let _brokers: Vec<Broker> = (0..3).map(|i| start(i, &["--peers", &peers])).collect();
+    let b2 = addresses[1].as_str();
+    eventually("three registered brokers", || {
+        json(b2, &["cluster", "status", "--json"])["brokers"].as_array().map_or(0, Vec::len) == 3
+    });
+    let broker4 = start(3, &["--join", b2]);
+    // One partition per broker, replication factor 1.
+    cli_ok(b2, &["topic", "create", "solo", "--partitions", "4", "--replication-factor", "1"], "");
+    let described = json(b2, &["topic", "describe", "solo", "--json"]);
+    let on_1 = described[0]["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|p| ids(&p["replicas"]) == [1])
+        .expect("a partition on broker 1");
+    let b1 = addresses[0].as_str();
+    // Only a broker that hosts a partition knows its leader.
+    eventually("the partition on broker 1 to have a leader", || partition(b1, "solo", on_1)["leader"] == 1);
+    let records: String = (0..20).map(|i| format!("v{i}\n")).collect();
+    let producer = cli(b2, &["produce", "solo"], &records);
+    assert!(producer.status.success());
+    let before = values(b2, "solo", on_1 as u32);
+    assert!(!before.is_empty());
+
+    // Broker 4 is down; the move to it commits, the voters stay [1].
+    broker4.kill();
+    cli_ok(b2, &["topic", "move", "solo", "--partition", &on_1.to_string(), "--replicas", "4"], "");
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(ids(&partition(b1, "solo", on_1)["voters"]), [1]);
+    let refused = cli(b2, &["cluster", "remove-broker", "1"], "");
+    assert!(!refused.status.success(), "broker 1 is the partition's only voter: it must not be removed");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("still a member"), "{stderr}");
+    let status = json(b2, &["cluster", "status", "--json"]);
+    assert_eq!(status["brokers"].as_array().unwrap().len(), 4, "nothing was removed: {status}");
+
+    // Broker 4 returns: the group follows the move, drain sees broker 1
+    // empty, and then it may go.
+    let _broker4 = start(3, &["--join", b2]);
+    cli_ok(b2, &["cluster", "drain", "1", "--timeout-secs", "60"], "");
+    cli_ok(b2, &["cluster", "remove-broker", "1"], "");
+    let b4 = addresses[3].as_str();
+    eventually("broker 4 to hold every record of the moved partition", || values(b4, "solo", on_1 as u32) == before);
 }

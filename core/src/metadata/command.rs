@@ -28,6 +28,13 @@ pub enum MetadataCommand {
     DeleteTopic { topic: String },
     /// Move one partition's replicas to another set of brokers.
     MoveReplicas { topic: String, partition: PartitionIndex, replicas: Vec<BrokerId> },
+    /// A partition's leader reports that its group's membership is exactly
+    /// the placement of `epoch` (of the topic incarnation `topic_id`): the
+    /// brokers the moves left may go.
+    MoveSettled { topic: String, topic_id: u64, partition: PartitionIndex, epoch: u64 },
+    /// Move every replica off `broker`, each to the least loaded other
+    /// broker that does not hold the partition, and place nothing new on it.
+    DrainBroker { broker: BrokerId },
     /// Add a member to a group (creating the group), or change its
     /// subscription. Every join gives the member a new epoch (fencing the
     /// holder of the older one); rejoining with the same subscription keeps
@@ -65,6 +72,14 @@ pub enum MetadataOutcome {
         from: Vec<BrokerId>,
         to: Vec<BrokerId>,
     },
+    MoveSettled {
+        partition: TopicPartition,
+    },
+    /// `moved` replicas were moved off `broker`.
+    BrokerDrained {
+        broker: BrokerId,
+        moved: u64,
+    },
     /// The member is in the group; `partitions` are its assignment.
     Joined {
         generation: Generation,
@@ -94,8 +109,21 @@ pub enum MetadataRejection {
     TooManyBrokers { max: u32 },
     #[error("broker {broker} is not registered: register it first, or check the id")]
     UnknownBroker { broker: BrokerId },
-    #[error("broker {broker} still holds {replicas} replicas: move them to other brokers first")]
+    #[error(
+        "broker {broker} still holds {replicas} partition replicas, or is still a member of their Raft groups while \
+         they move: move them to other brokers first (keel cluster drain), and wait until their groups drop it"
+    )]
     BrokerHoldsReplicas { broker: BrokerId, replicas: u64 },
+    #[error(
+        "partition {partition} of topic {topic} (id {topic_id}) is not at placement epoch {epoch} any more: the \
+         report is stale, and the partition's leader reports again"
+    )]
+    StaleMoveReport { topic: String, topic_id: u64, partition: PartitionIndex, epoch: u64 },
+    #[error(
+        "broker {broker}'s replica of {partition} has nowhere to go: every other broker already holds it or is \
+         draining; add a broker first"
+    )]
+    NowhereToDrain { broker: BrokerId, partition: TopicPartition },
     #[error("topic {topic} already exists: pick another name or delete it first")]
     TopicExists { topic: TopicName },
     #[error("topic {topic} does not exist: create it first, or check the name")]

@@ -23,6 +23,9 @@ pub struct BrokerInfo {
     /// for Raft and broker-to-broker requests.
     pub internal_address: String,
     pub registered_at: TimestampMs,
+    /// Being drained: new topics place nothing here, and drains of other
+    /// brokers move nothing here.
+    pub draining: bool,
 }
 
 /// How long a topic keeps records. `None` keeps them forever.
@@ -127,6 +130,10 @@ impl MetadataState {
             MetadataCommand::MoveReplicas { topic, partition, replicas } => {
                 self.move_replicas(topic, *partition, replicas)
             }
+            MetadataCommand::MoveSettled { topic, topic_id, partition, epoch } => {
+                self.move_settled(topic, *topic_id, *partition, *epoch)
+            }
+            MetadataCommand::DrainBroker { broker } => self.drain_broker(*broker),
             MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor } => {
                 self.join_group(at, group, member, topics, *session_timeout_ms, *assignor)
             }
@@ -165,8 +172,13 @@ impl MetadataState {
             return Err(MetadataRejection::TooManyBrokers { max: self.limits.brokers_max });
         }
         let registered_at = self.brokers.get(&broker).map_or(at, |known| known.registered_at);
-        let info =
-            BrokerInfo { address: address.to_string(), internal_address: internal_address.to_string(), registered_at };
+        let draining = self.brokers.get(&broker).is_some_and(|known| known.draining);
+        let info = BrokerInfo {
+            address: address.to_string(),
+            internal_address: internal_address.to_string(),
+            registered_at,
+            draining,
+        };
         self.brokers.insert(broker, info);
         Ok(MetadataOutcome::BrokerRegistered { broker })
     }
@@ -183,9 +195,14 @@ impl MetadataState {
         Ok(MetadataOutcome::BrokerRemoved { broker })
     }
 
-    /// How many partition replicas a broker holds.
+    /// How many partition replicas a broker holds, counting those moved off
+    /// it whose groups may still name it.
     pub fn replicas_on(&self, broker: BrokerId) -> u64 {
-        self.topics.values().flat_map(|t| &t.partitions).filter(|p| p.replicas.contains(&broker)).count() as u64
+        self.topics
+            .values()
+            .flat_map(|t| &t.partitions)
+            .filter(|p| p.replicas.contains(&broker) || p.leaving.contains(&broker))
+            .count() as u64
     }
 
     fn create_topic(
@@ -215,7 +232,7 @@ impl MetadataState {
         if self.topics.len() as u64 >= u64::from(self.limits.topics_max) {
             return Err(MetadataRejection::TooManyTopics { max: self.limits.topics_max });
         }
-        let brokers: BTreeSet<BrokerId> = self.brokers.keys().copied().collect();
+        let brokers: BTreeSet<BrokerId> = self.brokers.iter().filter(|(_, b)| !b.draining).map(|(id, _)| *id).collect();
         let placements = place_partitions(&brokers, &self.placement_load(), partitions, replication_factor)?;
         let info = TopicInfo {
             id: self.next_topic_id,
@@ -283,11 +300,66 @@ impl MetadataState {
         };
         let from = std::mem::replace(&mut placement.replicas, replicas.to_vec());
         placement.epoch = placement.epoch.saturating_add(1);
+        placement.leaving = leaving_after_move(&placement.leaving, &from, replicas);
         Ok(MetadataOutcome::ReplicasMoved {
             partition: TopicPartition::new(name, partition),
             from,
             to: replicas.to_vec(),
         })
+    }
+
+    fn move_settled(&mut self, topic: &str, topic_id: u64, partition: PartitionIndex, epoch: u64) -> MetadataResult {
+        let name = TopicName::new(topic)?;
+        let stale = || MetadataRejection::StaleMoveReport { topic: topic.to_string(), topic_id, partition, epoch };
+        let Some(info) = self.topics.get_mut(&name).filter(|t| t.id == topic_id) else { return Err(stale()) };
+        let Some(placement) = info.partitions.get_mut(partition.0 as usize).filter(|p| p.epoch == epoch) else {
+            return Err(stale());
+        };
+        placement.leaving.clear();
+        Ok(MetadataOutcome::MoveSettled { partition: TopicPartition::new(name, partition) })
+    }
+
+    /// Move every replica off `broker` (all or nothing): each to the other
+    /// broker with the fewest replicas (ties: lowest id) that is not
+    /// draining and does not hold the partition.
+    fn drain_broker(&mut self, broker: BrokerId) -> MetadataResult {
+        if !self.brokers.contains_key(&broker) {
+            return Err(MetadataRejection::UnknownBroker { broker });
+        }
+        let mut load: BTreeMap<BrokerId, u64> =
+            self.brokers.iter().filter(|(id, b)| **id != broker && !b.draining).map(|(id, _)| (*id, 0)).collect();
+        for placement in self.topics.values().flat_map(|t| &t.partitions) {
+            for replica in &placement.replicas {
+                if let Some(count) = load.get_mut(replica) {
+                    *count += 1;
+                }
+            }
+        }
+        let mut topics = self.topics.clone();
+        let mut moved = 0u64;
+        for (name, info) in topics.iter_mut() {
+            for (index, placement) in info.partitions.iter_mut().enumerate() {
+                let Some(slot) = placement.replicas.iter().position(|b| *b == broker) else { continue };
+                let target = load
+                    .iter()
+                    .filter(|(candidate, _)| !placement.replicas.contains(candidate))
+                    .min_by_key(|(candidate, count)| (**count, **candidate))
+                    .map(|(candidate, _)| *candidate);
+                let Some(target) = target else {
+                    let partition = TopicPartition::new(name.clone(), PartitionIndex(index as u32));
+                    return Err(MetadataRejection::NowhereToDrain { broker, partition });
+                };
+                *load.get_mut(&target).expect("a candidate") += 1;
+                let from = placement.replicas.clone();
+                placement.replicas[slot] = target;
+                placement.epoch = placement.epoch.saturating_add(1);
+                placement.leaving = leaving_after_move(&placement.leaving, &from, &placement.replicas);
+                moved += 1;
+            }
+        }
+        self.topics = topics;
+        self.brokers.get_mut(&broker).expect("checked above").draining = true;
+        Ok(MetadataOutcome::BrokerDrained { broker, moved })
     }
 
     fn join_group(
@@ -422,6 +494,12 @@ impl MetadataState {
                 format!("topic {name} has {count} partitions")
             })?;
             for (index, placement) in topic.partitions.iter().enumerate() {
+                ensure(placement.leaving.iter().all(|b| !placement.replicas.contains(b)), || {
+                    format!("{name}/{index} lists a placed broker as leaving")
+                })?;
+                ensure(placement.leaving.iter().all(|b| self.brokers.contains_key(b)), || {
+                    format!("{name}/{index} lists an unknown broker as leaving")
+                })?;
                 let distinct: BTreeSet<_> = placement.replicas.iter().collect();
                 ensure(!placement.replicas.is_empty(), || format!("{name}/{index} has no replicas"))?;
                 ensure(distinct.len() == placement.replicas.len(), || format!("{name}/{index} repeats a broker"))?;
@@ -457,4 +535,12 @@ impl MetadataState {
         }
         Ok(())
     }
+}
+
+/// The brokers that may still be members of a partition's group after its
+/// replicas moved from `from` to `to`: those that already were, and the
+/// replicas moved off, less the ones placed again.
+fn leaving_after_move(leaving: &[BrokerId], from: &[BrokerId], to: &[BrokerId]) -> Vec<BrokerId> {
+    let set: BTreeSet<BrokerId> = leaving.iter().chain(from).filter(|b| !to.contains(b)).copied().collect();
+    set.into_iter().collect()
 }

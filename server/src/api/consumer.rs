@@ -340,7 +340,15 @@ impl KeelService {
         let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
         let partition = self.partition(&request.topic, request.partition).await?;
         let generation = Generation(request.generation);
-        self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
+        // The planted bug takes the whole fence away, the edge's share too,
+        // so that the G5 checker is shown to catch a broker without it.
+        #[cfg(madsim)]
+        let fenced = !keel_core::planted::is_planted(keel_core::planted::Bug::CommitWithoutFence);
+        #[cfg(not(madsim))]
+        let fenced = true;
+        if fenced {
+            self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
+        }
         let command = PartitionCommand::Commit {
             group: request.group,
             member: request.member,

@@ -89,7 +89,9 @@ pub(super) fn metadata_rejection(rejection: MetadataRejection) -> Status {
         | TooManyGroups { .. }
         | TooManyMembers { .. }
         | ProducerIdsExhausted => Code::ResourceExhausted,
-        BrokerHoldsReplicas { .. } | AssignorMismatch { .. } => Code::FailedPrecondition,
+        BrokerHoldsReplicas { .. } | AssignorMismatch { .. } | StaleMoveReport { .. } | NowhereToDrain { .. } => {
+            Code::FailedPrecondition
+        }
     };
     Status::new(code, rejection.to_string())
 }

@@ -333,6 +333,8 @@ impl KeelService {
                     live: id.0 == self.node.id() || since.is_some_and(|s| s <= LIVENESS_WINDOW),
                     last_contact_ms: since.map(|s| s.as_millis() as u64),
                     internal_address: info.internal_address.clone(),
+                    replicas: metadata.replicas_on(*id),
+                    draining: info.draining,
                 }
             })
             .collect();
@@ -353,6 +355,17 @@ impl KeelService {
     ) -> Result<Response<pb::RemoveBrokerResponse>, Status> {
         self.node.remove_broker(request.into_inner().broker).await.map_err(membership_error)?;
         Ok(Response::new(pb::RemoveBrokerResponse {}))
+    }
+
+    async fn drain_broker_call(
+        &self,
+        request: Request<pb::DrainBrokerRequest>,
+    ) -> Result<Response<pb::DrainBrokerResponse>, Status> {
+        let broker = keel_core::BrokerId(request.into_inner().broker);
+        match self.propose_metadata(MetadataCommand::DrainBroker { broker }).await? {
+            MetadataOutcome::BrokerDrained { moved, .. } => Ok(Response::new(pb::DrainBrokerResponse { moved })),
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
     }
 
     async fn move_partition_call(
@@ -431,6 +444,13 @@ impl Keel for KeelService {
         request: Request<pb::RemoveBrokerRequest>,
     ) -> Result<Response<pb::RemoveBrokerResponse>, Status> {
         self.timed("RemoveBroker", self.remove_broker_call(request)).await
+    }
+
+    async fn drain_broker(
+        &self,
+        request: Request<pb::DrainBrokerRequest>,
+    ) -> Result<Response<pb::DrainBrokerResponse>, Status> {
+        self.timed("DrainBroker", self.drain_broker_call(request)).await
     }
 
     async fn move_partition(

@@ -220,7 +220,17 @@ enum ClusterCommand {
         #[command(flatten)]
         connection: Connection,
     },
-    /// Remove a broker that holds no replicas (move them away first).
+    /// Move every replica off a broker and wait until no partition group
+    /// names it (then it can be removed). Nothing new is placed on it.
+    Drain {
+        id: u64,
+        /// Give up waiting after this many seconds (the drain goes on).
+        #[arg(long, default_value_t = 600)]
+        timeout_secs: u64,
+        #[command(flatten)]
+        connection: Connection,
+    },
+    /// Remove a broker that holds no replicas (drain it first).
     RemoveBroker {
         id: u64,
         #[command(flatten)]
@@ -254,6 +264,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Read(args) => read(args).await,
         Command::Consume(args) => consume(args).await,
         Command::Group(command) => group(command).await,
+        Command::Cluster(ClusterCommand::Drain { id, timeout_secs, connection }) => {
+            drain(id, std::time::Duration::from_secs(timeout_secs), &connection).await
+        }
         Command::Cluster(ClusterCommand::RemoveBroker { id, connection }) => {
             client(&connection)?.remove_broker(id).await?;
             println!("removed broker {id}");
@@ -272,14 +285,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 let brokers: Vec<_> = cluster
                     .brokers
                     .iter()
-                    .map(|b| serde_json::json!({"id": b.id, "address": b.address, "live": b.live, "last_contact_ms": b.last_contact_ms}))
+                    .map(|b| serde_json::json!({"id": b.id, "address": b.address, "internal_address": b.internal_address, "live": b.live, "last_contact_ms": b.last_contact_ms, "replicas": b.replicas, "draining": b.draining}))
                     .collect();
                 println!(
                     "{}",
                     serde_json::json!({"brokers": brokers, "metadata_leader": cluster.metadata_leader, "metadata_voters": cluster.metadata_voters, "cluster_id": cluster.cluster_id})
                 );
             } else {
-                println!("{:<8} {:<24} {:<6} ROLE", "BROKER", "ADDRESS", "LIVE");
+                println!("{:<8} {:<24} {:<6} {:>8} ROLE", "BROKER", "ADDRESS", "LIVE", "REPLICAS");
                 for broker in &cluster.brokers {
                     let role = if broker.id == cluster.metadata_leader {
                         "metadata leader"
@@ -289,12 +302,53 @@ async fn run(command: Command) -> anyhow::Result<()> {
                         ""
                     };
                     let live = if broker.live { "yes" } else { "no" };
-                    println!("{:<8} {:<24} {live:<6} {role}", broker.id, broker.address);
+                    let role = if broker.draining { format!("{role} (draining)") } else { role.to_string() };
+                    println!("{:<8} {:<24} {live:<6} {:>8} {role}", broker.id, broker.address, broker.replicas);
                 }
             }
             Ok(())
         }
     }
+}
+
+/// `keel cluster drain`: move every replica off broker `id`, then report
+/// progress until no partition group names it.
+async fn drain(id: u64, timeout: std::time::Duration, connection: &Connection) -> anyhow::Result<()> {
+    let client = discovering_client(connection).await?;
+    let moved = client.drain_broker(id).await?;
+    if !connection.json {
+        eprintln!("draining broker {id}: {moved} replicas moving to other brokers");
+    }
+    let started = tokio::time::Instant::now();
+    let mut last = None;
+    loop {
+        let cluster = client.describe_cluster().await?;
+        let Some(broker) = cluster.brokers.iter().find(|b| b.id == id) else {
+            bail!("broker {id} is not registered (was it removed already?)");
+        };
+        if last != Some(broker.replicas) && !connection.json {
+            eprintln!("broker {id}: {} replicas left", broker.replicas);
+        }
+        last = Some(broker.replicas);
+        if broker.replicas == 0 {
+            break;
+        }
+        if started.elapsed() > timeout {
+            bail!(
+                "broker {id} still holds {} replicas after {}s: check that the brokers they move to run and are \
+                 reachable; the drain goes on, run this again to wait",
+                broker.replicas,
+                timeout.as_secs()
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    if connection.json {
+        println!("{}", serde_json::json!({"broker": id, "moved": moved, "replicas": 0}));
+    } else {
+        println!("broker {id} holds no replicas: remove it with `keel cluster remove-broker {id}`");
+    }
+    Ok(())
 }
 
 fn client(connection: &Connection) -> anyhow::Result<Client> {

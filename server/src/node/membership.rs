@@ -24,7 +24,7 @@ use openraft::{BasicNode, ChangeMembers};
 
 use super::{Node, ProposeError};
 use crate::group::GroupId;
-use crate::raft::network::{JoinRefusal, JoinRequest};
+use crate::raft::network::{JoinRefusal, JoinRequest, MoveSettledReport};
 use crate::raft::types::{Command, NodeId, Raft, Response};
 
 /// How long a new member may take to catch up before the change gives up.
@@ -74,6 +74,31 @@ pub(super) fn voters(raft: &Raft) -> BTreeSet<NodeId> {
 /// Whether a group's effective membership names `node` (voter or learner).
 fn names(raft: &Raft, node: NodeId) -> bool {
     raft.metrics().borrow().membership_config.membership().get_node(&node).is_some()
+}
+
+/// Every node (voter or learner) of a group's effective membership, and
+/// whether that membership is committed (applied here).
+fn nodes(raft: &Raft) -> (BTreeSet<NodeId>, bool) {
+    let metrics = raft.metrics();
+    let metrics = metrics.borrow();
+    let membership = &metrics.membership_config;
+    let nodes = membership.membership().nodes().map(|(id, _)| *id).collect();
+    let applied = metrics.last_applied.map(|id| id.index);
+    let committed = membership.log_id().is_none_or(|id| Some(id.index) <= applied);
+    (nodes, committed)
+}
+
+/// What a partition's leader does next to make its group follow the
+/// placement.
+enum Convergence {
+    /// Voters differ from the placement: learners first, then joint
+    /// consensus.
+    ChangeVoters(BTreeMap<NodeId, String>),
+    /// Voters are right; learners left from an earlier attempt go.
+    RemoveLearners(BTreeSet<NodeId>),
+    /// The membership is exactly the placement and committed, but the
+    /// metadata still lists brokers leaving: tell the metadata leader.
+    ReportSettled(MoveSettledReport),
 }
 
 /// Add `node` as a learner unless it is already a member, then wait until
@@ -294,12 +319,80 @@ impl Node {
         }
     }
 
-    /// The replicas the metadata places a running partition group on, or
-    /// `None` if its topic (with this id) is gone.
-    pub(super) fn placement_of(metadata: &MetadataState, group: &GroupId) -> Option<Vec<BrokerId>> {
+    /// The placement of a running partition group, or `None` if its topic
+    /// (with this id) is gone.
+    pub(super) fn placement_of<'m>(
+        metadata: &'m MetadataState,
+        group: &GroupId,
+    ) -> Option<&'m keel_core::placement::PartitionPlacement> {
         let GroupId::Partition(partition, topic_id) = group else { return None };
         let topic = metadata.topic(&partition.topic).filter(|t| t.id == *topic_id)?;
-        topic.partitions.get(partition.partition.0 as usize).map(|p| p.replicas.clone())
+        topic.partitions.get(partition.partition.0 as usize)
+    }
+
+    /// The next step of a group led here towards its placement, if any.
+    fn convergence(metadata: &MetadataState, group: &GroupId, raft: &Raft) -> Option<Convergence> {
+        let placement = Self::placement_of(metadata, group)?;
+        let GroupId::Partition(partition, topic_id) = group else { return None };
+        let target: BTreeSet<NodeId> = placement.replicas.iter().map(|b| b.0).collect();
+        if voters(raft) != target {
+            let addresses = placement
+                .replicas
+                .iter()
+                .map(|b| (b.0, metadata.brokers().get(b).map(|i| i.internal_address.clone()).unwrap_or_default()))
+                .collect();
+            return Some(Convergence::ChangeVoters(addresses));
+        }
+        let (nodes, committed) = nodes(raft);
+        if nodes != target {
+            return Some(Convergence::RemoveLearners(nodes.difference(&target).copied().collect()));
+        }
+        if committed && !placement.leaving.is_empty() {
+            return Some(Convergence::ReportSettled(MoveSettledReport {
+                topic: partition.topic.to_string(),
+                topic_id: *topic_id,
+                partition: partition.partition.0,
+                epoch: placement.epoch,
+            }));
+        }
+        None
+    }
+
+    /// Tell the metadata leader (this broker, or another over the internal
+    /// transport) that a partition's moves have settled.
+    async fn report_settled(&self, report: MoveSettledReport) -> Result<(), String> {
+        let raft = self.raft(&GroupId::Metadata).ok_or("no metadata group")?;
+        let (leader, address) = self.metadata_leader_internal(&raft);
+        if leader == Some(self.id()) {
+            return self.accept_move_settled(report).await.map_err(|e| e.to_string());
+        }
+        let address = address.ok_or("no metadata leader is known yet")?;
+        match self.inner.peers.report_settled(&address, &report).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(refusal)) => Err(refusal.to_string()),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
+    /// On the metadata leader: record that a partition's moves settled.
+    pub(super) async fn accept_move_settled(&self, report: MoveSettledReport) -> Result<(), JoinRefusal> {
+        let raft = self.raft(&GroupId::Metadata).ok_or_else(|| JoinRefusal::Retry("no metadata group yet".into()))?;
+        let (leader, internal_address) = self.metadata_leader_internal(&raft);
+        if leader != Some(self.id()) {
+            return Err(JoinRefusal::NotLeader { leader, internal_address });
+        }
+        let command = MetadataCommand::MoveSettled {
+            topic: report.topic,
+            topic_id: report.topic_id,
+            partition: keel_core::PartitionIndex(report.partition),
+            epoch: report.epoch,
+        };
+        match self.propose(&GroupId::Metadata, Command::Metadata(command)).await {
+            Ok(Response::Metadata(Ok(_))) => Ok(()),
+            Ok(Response::Metadata(Err(rejection))) => Err(JoinRefusal::Refused(rejection.to_string())),
+            Ok(other) => Err(JoinRefusal::Refused(format!("the metadata group answered {other:?}"))),
+            Err(error) => Err(JoinRefusal::Retry(error.to_string())),
+        }
     }
 
     /// On every partition group this broker leads whose voters differ from
@@ -319,21 +412,24 @@ impl Node {
             if raft.metrics().borrow().current_leader != Some(self.id()) {
                 continue;
             }
-            let Some(placement) = Self::placement_of(&metadata, &group) else { continue };
-            let target: BTreeSet<NodeId> = placement.iter().map(|b| b.0).collect();
-            if voters(&raft) == target {
-                continue;
-            }
+            let Some(step) = Self::convergence(&metadata, &group, &raft) else { continue };
             if !self.inner.membership_changes.lock().expect("membership changes").insert(group.clone()) {
                 continue;
             }
-            let addresses: BTreeMap<NodeId, String> = placement
-                .iter()
-                .map(|b| (b.0, metadata.brokers().get(b).map(|i| i.internal_address.clone()).unwrap_or_default()))
-                .collect();
             let node = self.clone();
             self.spawn(async move {
-                if let Err(error) = change_voters(&group, &raft, addresses).await {
+                let result = match step {
+                    Convergence::ChangeVoters(addresses) => {
+                        change_voters(&group, &raft, addresses).await.map_err(|e| e.to_string())
+                    }
+                    Convergence::RemoveLearners(learners) => raft
+                        .change_membership(ChangeMembers::RemoveNodes(learners), false)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| write_error(&group, e).to_string()),
+                    Convergence::ReportSettled(report) => node.report_settled(report).await,
+                };
+                if let Err(error) = result {
                     tracing::info!(%error, %group, "moving replicas did not finish yet; retrying");
                 }
                 node.inner.membership_changes.lock().expect("membership changes").remove(&group);

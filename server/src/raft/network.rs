@@ -83,7 +83,17 @@ pub struct JoinRequest {
     pub internal_address: String,
 }
 
-/// Why the metadata leader did not take a join.
+/// A partition leader's word that its group's membership is exactly the
+/// placement of `epoch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveSettledReport {
+    pub topic: String,
+    pub topic_id: u64,
+    pub partition: u32,
+    pub epoch: u64,
+}
+
+/// Why the metadata leader did not take a join or a report.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum JoinRefusal {
     #[error("this broker does not lead the metadata group; the leader is {leader:?} at {internal_address:?}")]
@@ -165,6 +175,26 @@ impl Peers {
         Ok(postcard::from_bytes(&reply.into_inner().payload)?)
     }
 
+    /// Tell the metadata leader at `internal_address` that a partition's
+    /// moves have settled.
+    pub async fn report_settled(
+        &self,
+        internal_address: &str,
+        report: &MoveSettledReport,
+    ) -> Result<Result<(), JoinRefusal>, TransportError> {
+        let channel = self.channel(internal_address)?;
+        let mut client = RaftTransportClient::new(channel);
+        let mut message = tonic::Request::new(RaftRequest {
+            group: String::new(),
+            payload: postcard::to_stdvec(report)?,
+            cluster_id: self.identity.cluster_id,
+            secret: self.identity.secret.clone(),
+        });
+        message.set_timeout(Duration::from_secs(5));
+        let reply = client.move_settled(message).await?;
+        Ok(postcard::from_bytes(&reply.into_inner().payload)?)
+    }
+
     /// How long ago `peer` last answered a Raft message from this broker.
     pub fn since_answer(&self, peer: NodeId) -> Option<Duration> {
         self.answered.lock().expect("peer answers").get(&peer).map(|at| at.elapsed())
@@ -177,10 +207,23 @@ impl Peers {
         }
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
             .map_err(|e| TransportError::BadAddress { address: address.to_string(), reason: e.to_string() })?
-            .connect_timeout(Duration::from_millis(500));
+            .connect_timeout(Duration::from_millis(500))
+            // Probe the connection, so that one left dead by a partition
+            // is dropped (and the next call reconnects) within seconds.
+            .http2_keep_alive_interval(crate::node::KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(crate::node::KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true)
+            .tcp_keepalive(Some(crate::node::KEEPALIVE_INTERVAL));
         let channel = endpoint.connect_lazy();
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
+    }
+
+    /// Forget the channel to `address`: a call on it timed out, and its
+    /// connection may be dead without knowing it; the next call connects
+    /// anew.
+    fn forget_channel(&self, address: &str) {
+        self.channels.lock().expect("peer channels").remove(address);
     }
 }
 
@@ -241,6 +284,11 @@ impl PeerClient {
             }
         }
         let result = self.call_peer(rpc, request, option).await;
+        if let Err(TransportError::Status(status)) = &result {
+            if status.code() == tonic::Code::DeadlineExceeded {
+                self.peers.forget_channel(&self.address);
+            }
+        }
         let mut resting = self.peers.resting.lock().expect("resting peers");
         match &result {
             // Only a peer that could not be reached rests: one slow call
@@ -305,6 +353,15 @@ impl PeerClient {
     }
 }
 
+/// Whether a status says the message was over a size limit (gRPC's own
+/// "message length too large"), rather than anything else that shares its
+/// codes: an HTTP/2 GOAWAY `ENHANCE_YOUR_CALM` ("too_many_resets") also
+/// arrives as RESOURCE_EXHAUSTED, and fewer entries would not help it.
+fn message_too_large(status: &tonic::Status) -> bool {
+    matches!(status.code(), tonic::Code::ResourceExhausted | tonic::Code::OutOfRange)
+        && status.message().contains("message length too large")
+}
+
 type RpcResult<T, E = openraft::error::Infallible> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
 impl RaftNetwork<TypeConfig> for PeerClient {
@@ -318,11 +375,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         match self.call(Rpc::AppendEntries, &rpc, &option).await {
             // Too many entries for one message: openraft retries with fewer.
             Err(TransportError::TooLarge { .. }) => Err(fewer()),
-            Err(TransportError::Status(status))
-                if matches!(status.code(), tonic::Code::ResourceExhausted | tonic::Code::OutOfRange) =>
-            {
-                Err(fewer())
-            }
+            Err(TransportError::Status(status)) if message_too_large(&status) => Err(fewer()),
             result => self.to_rpc_error(result),
         }
     }
@@ -352,6 +405,10 @@ pub trait GroupDirectory: Send + Sync + 'static {
 
     /// Take a broker's join (on the metadata leader).
     fn join(&self, request: JoinRequest) -> JoinFuture;
+
+    /// Take a partition leader's report that its moves settled (on the
+    /// metadata leader).
+    fn move_settled(&self, report: MoveSettledReport) -> JoinFuture;
 }
 
 /// The server side of the transport: routes each request to its group.
@@ -496,6 +553,16 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         let join: JoinRequest = decode(&request)?;
         reply(&self.directory.join(join).await)
     }
+
+    async fn move_settled(
+        &self,
+        request: tonic::Request<RaftRequest>,
+    ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let request = request.into_inner();
+        self.authenticate(&request)?;
+        let report: MoveSettledReport = decode(&request)?;
+        reply(&self.directory.move_settled(report).await)
+    }
 }
 
 #[cfg(test)]
@@ -510,6 +577,10 @@ mod tests {
         }
 
         fn join(&self, _request: JoinRequest) -> JoinFuture {
+            Box::pin(async { Err(JoinRefusal::Refused("no".into())) })
+        }
+
+        fn move_settled(&self, _report: MoveSettledReport) -> JoinFuture {
             Box::pin(async { Err(JoinRefusal::Refused("no".into())) })
         }
     }
@@ -529,6 +600,19 @@ mod tests {
         assert_eq!(refusal(7, "s3cret!", "metadata"), tonic::Code::Unauthenticated);
         assert_eq!(refusal(7, "s3cret", "metadata"), tonic::Code::NotFound);
         assert_eq!(refusal(7, "s3cret", "not a group"), tonic::Code::InvalidArgument);
+    }
+
+    #[test]
+    fn only_a_size_limit_halves_the_next_batch() {
+        let decode = tonic::Status::out_of_range(
+            "Error, decoded message length too large: found 70000000 bytes, the limit is: 67108864 bytes",
+        );
+        let encode = tonic::Status::resource_exhausted("Error, encoded message length too large: found 7 bytes");
+        let calm = tonic::Status::resource_exhausted("h2 protocol error: http2 error: too_many_resets");
+        assert!(message_too_large(&decode));
+        assert!(message_too_large(&encode));
+        assert!(!message_too_large(&calm));
+        assert!(!message_too_large(&tonic::Status::out_of_range("read past the high watermark")));
     }
 
     #[test]
