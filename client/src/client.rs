@@ -62,6 +62,9 @@ pub enum ClientError {
     ProducerReset { old_producer_id: u64, new_producer_id: u64, reason: String },
 }
 
+/// Response metadata of a refusal that a retry after this many ms may pass
+/// (a broker at its in-flight write limit).
+pub const RETRY_AFTER_METADATA: &str = "keel-retry-after-ms";
 /// Response metadata of a refusal that fences this process's member epoch.
 pub const FENCED_METADATA: &str = "keel-fenced";
 /// Response metadata of a refusal saying the partition forgot the producer.
@@ -121,6 +124,8 @@ fn next_step(status: &Status) -> Next {
             }
         }
         Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled | Code::Internal => Next::Backoff,
+        // A broker at its in-flight limit says when to come back.
+        Code::ResourceExhausted if status.metadata().get(RETRY_AFTER_METADATA).is_some() => Next::Backoff,
         _ => Next::Fail,
     }
 }
@@ -270,9 +275,23 @@ impl Client {
     }
 
     pub async fn describe_topic(&self, topic: &str) -> Result<pb::TopicDescription, ClientError> {
-        let request = pb::DescribeTopicRequest { topic: topic.to_string() };
+        let request = pb::DescribeTopicRequest { topic: topic.to_string(), leader_only: false };
         let response = self
             .call(Route::Any, |mut c| {
+                let r = request.clone();
+                async move { c.describe_topic(r).await }
+            })
+            .await?;
+        Ok(response.topic.unwrap_or_default())
+    }
+
+    /// A topic as the metadata leader knows it: no committed change (a
+    /// deletion, say) is missing from it. Resolve a topic's incarnation
+    /// with this before writing to it.
+    pub async fn describe_topic_fresh(&self, topic: &str) -> Result<pb::TopicDescription, ClientError> {
+        let request = pb::DescribeTopicRequest { topic: topic.to_string(), leader_only: true };
+        let response = self
+            .call(Route::Metadata, |mut c| {
                 let r = request.clone();
                 async move { c.describe_topic(r).await }
             })
@@ -388,5 +407,19 @@ impl Client {
             async move { c.read(r).await }
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broker_at_its_write_limit_is_retried_other_exhaustion_is_not() {
+        let mut busy = Status::resource_exhausted("broker 1 holds 256 MiB of writes in flight");
+        busy.metadata_mut().insert(RETRY_AFTER_METADATA, "100".parse().unwrap());
+        assert!(matches!(next_step(&busy), Next::Backoff));
+        let too_big = Status::resource_exhausted("record 0 is over the size limit");
+        assert!(matches!(next_step(&too_big), Next::Fail));
     }
 }

@@ -217,6 +217,7 @@ impl Consumer {
             max_wait_ms: wait.as_millis() as u64,
             offset,
             member_epoch: self.member_epoch,
+            topic_id: (assigned.topic_id != 0).then_some(assigned.topic_id),
         };
         let route = Route::Partition(assigned.topic.clone(), assigned.partition);
         match self
@@ -282,6 +283,11 @@ impl Consumer {
             partition,
             offset,
             member_epoch: self.member_epoch,
+            topic_id: self
+                .partitions
+                .iter()
+                .find(|p| p.topic == topic && p.partition == partition && p.topic_id != 0)
+                .map(|p| p.topic_id),
         };
         let route = Route::Partition(topic.to_string(), partition);
         let acked = self

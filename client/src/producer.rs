@@ -35,8 +35,10 @@ pub struct Producer {
     producer_id: u64,
     /// Next sequence per (topic, partition).
     sequences: BTreeMap<(String, u32), u64>,
-    /// Partition counts, learned on first use of a topic.
-    partition_counts: BTreeMap<String, u32>,
+    /// Partition count and incarnation (topic id) per topic, learned from
+    /// the metadata leader on first use: every batch names the
+    /// incarnation, so none lands in a topic deleted under the producer.
+    topics: BTreeMap<String, (u32, u64)>,
     spreader: KeylessSpreader,
     /// A batch whose send failed, per partition: (sequence, records).
     unresolved: BTreeMap<(String, u32), (u64, Vec<pb::Record>)>,
@@ -51,7 +53,7 @@ impl Producer {
             client,
             producer_id,
             sequences: BTreeMap::new(),
-            partition_counts: BTreeMap::new(),
+            topics: BTreeMap::new(),
             spreader: KeylessSpreader::new(spread_start),
             unresolved: BTreeMap::new(),
         })
@@ -61,20 +63,21 @@ impl Producer {
         self.producer_id
     }
 
-    async fn partition_count(&mut self, topic: &str) -> Result<u32, ClientError> {
-        if let Some(count) = self.partition_counts.get(topic) {
-            return Ok(*count);
+    async fn topic(&mut self, topic: &str) -> Result<(u32, u64), ClientError> {
+        if let Some(known) = self.topics.get(topic) {
+            return Ok(*known);
         }
-        let count = self.client.describe_topic(topic).await?.partitions.len() as u32;
-        self.partition_counts.insert(topic.to_string(), count);
-        Ok(count)
+        let described = self.client.describe_topic_fresh(topic).await?;
+        let known = (described.partitions.len() as u32, described.id);
+        self.topics.insert(topic.to_string(), known);
+        Ok(known)
     }
 
     /// The partition for a record: the key's partition if `key` is given
     /// (FNV-1a 64 of the key modulo the partition count), else the next one
     /// round-robin.
     pub async fn partition_for(&mut self, topic: &str, key: Option<&[u8]>) -> Result<u32, ClientError> {
-        let count = self.partition_count(topic).await?;
+        let (count, _) = self.topic(topic).await?;
         let partition = match key {
             Some(key) => partition_for_key(key, count),
             None => self.spreader.next_partition(count),
@@ -117,6 +120,7 @@ impl Producer {
         records: Vec<pb::Record>,
     ) -> Result<Sent, ClientError> {
         let (topic, partition) = (slot.0.clone(), slot.1);
+        let (_, topic_id) = self.topic(&topic).await?;
         let request = pb::ProduceRequest {
             topic,
             partition,
@@ -124,6 +128,7 @@ impl Producer {
             idempotent: true,
             producer_id: self.producer_id,
             sequence,
+            topic_id: Some(topic_id),
         };
         match self.client.produce(request).await {
             Ok(response) => {

@@ -48,6 +48,9 @@ struct LagLabels {
     partition: u32,
 }
 
+/// Most consumer-lag series one partition reports.
+pub const LAG_SERIES_PER_PARTITION_MAX: usize = 1_000;
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -176,6 +179,7 @@ impl Metrics {
         }
         self.high_watermark.clear();
         self.lag.clear();
+        let metadata = node.metadata();
         for group in node.groups() {
             let Some(raft) = node.raft(&group) else { continue };
             let labels = GroupLabels { raft_group: group.to_string() };
@@ -203,8 +207,16 @@ impl Metrics {
             let high_watermark = state.high_watermark().0;
             let labels = PartitionLabels { topic: partition.topic.to_string(), partition: partition.partition.0 };
             self.high_watermark.get_or_create(&labels).set(high_watermark as i64);
+            // A partition remembers every group that ever read it; report
+            // those still subscribed, and the others only while they lag.
+            let mut series = 0;
             for group_name in state.groups().keys() {
                 let lag = high_watermark.saturating_sub(state.group_position(group_name).0);
+                let subscribed = metadata.group(group_name).is_some_and(|g| g.subscribes_to(&partition.topic));
+                if !(subscribed || lag > 0) || series >= LAG_SERIES_PER_PARTITION_MAX {
+                    continue;
+                }
+                series += 1;
                 let labels = LagLabels {
                     group: group_name.to_string(),
                     topic: partition.topic.to_string(),

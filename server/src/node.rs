@@ -56,11 +56,15 @@ pub const RESET_STREAMS_PENDING_MAX: usize = 4096;
 /// kernel's backed-off retransmissions.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Concurrent requests (HTTP/2 streams) per connection; a client that opens
+/// more waits for one to finish.
+pub const STREAMS_PER_CONNECTION_MAX: u32 = 4096;
 
 /// A gRPC server with keel's connection settings.
 fn server_builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
         .http2_max_pending_accept_reset_streams(Some(RESET_STREAMS_PENDING_MAX))
+        .max_concurrent_streams(Some(STREAMS_PER_CONNECTION_MAX))
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .tcp_keepalive(Some(KEEPALIVE_INTERVAL))

@@ -73,6 +73,7 @@ async fn members_share_partitions_and_an_old_generation_is_fenced() {
         topic: taken.topic.clone(),
         partition: taken.partition,
         offset: 0,
+        topic_id: None,
     };
     let route = keel_client::Route::Partition(taken.topic.clone(), taken.partition);
     let fenced = client
@@ -124,4 +125,38 @@ async fn a_silent_member_is_expired_and_its_partitions_move_on() {
     }
     drop(silent);
     cluster.shutdown().await;
+}
+
+/// A long poll may wait longer than the client's request timeout: each
+/// call's deadline is sized to what it asks for (it used to fail
+/// DEADLINE_EXCEEDED and give up). And a deleted topic's claims are
+/// forgotten with its groups (soft state that used to leak).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_outlives_the_request_timeout_and_claims_go_with_their_topic() {
+    let dir = TempDir::new().unwrap();
+    let (cluster, client) = cluster_with_topic(&dir).await;
+    let addresses: Vec<String> =
+        cluster.node(1).unwrap().metadata().brokers().values().map(|b| b.address.clone()).collect();
+    let short = RetryPolicy {
+        deadline: Duration::from_secs(4),
+        request_timeout: Duration::from_millis(500),
+        ..RetryPolicy::default()
+    };
+    let impatient = Client::new(addresses, short).unwrap();
+    let mut member = Consumer::join(impatient, "waiters", "w", vec!["jobs".into()], 10_000).await.unwrap();
+    // Four partitions: each poll waits a quarter of this on one of them.
+    let started = tokio::time::Instant::now();
+    let polled = member.poll(10, Duration::from_secs(8)).await;
+    assert!(matches!(&polled, Ok(records) if records.is_empty()), "{polled:?}");
+    assert!(started.elapsed() >= Duration::from_millis(1_500), "the poll waited {:?}", started.elapsed());
+    let claims: usize = cluster.live().map(|node| node.cursor_count()).sum();
+    assert!(claims >= 1, "the poll claimed its partition");
+
+    client.delete_topic("jobs").await.unwrap();
+    cluster
+        .eventually("the deleted topic's claims to go", DEADLINE, |c| {
+            c.live().map(|n| n.cursor_count()).sum::<usize>() == 0
+        })
+        .await
+        .unwrap();
 }

@@ -29,7 +29,11 @@ fn refused<T>(case: &'static str, expected: Code, hint: &'static str, got: Resul
 }
 
 async fn high_watermark(client: &mut KeelClient<Channel>) -> u64 {
-    let topic = client.describe_topic(pb::DescribeTopicRequest { topic: "t".into() }).await.unwrap().into_inner();
+    let topic = client
+        .describe_topic(pb::DescribeTopicRequest { topic: "t".into(), leader_only: false })
+        .await
+        .unwrap()
+        .into_inner();
     topic.topic.unwrap().partitions[0].high_watermark
 }
 
@@ -55,7 +59,11 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
     c.create_topic(create("t", 1, 1)).await.unwrap();
     // This raw client does not retry: wait for the partition's leader.
     for _ in 0..300 {
-        let topic = c.describe_topic(pb::DescribeTopicRequest { topic: "t".into() }).await.unwrap().into_inner();
+        let topic = c
+            .describe_topic(pb::DescribeTopicRequest { topic: "t".into(), leader_only: false })
+            .await
+            .unwrap()
+            .into_inner();
         if topic.topic.unwrap().partitions[0].leader != 0 {
             break;
         }
@@ -82,6 +90,7 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
         max_bytes: 0,
         max_wait_ms: 0,
         offset: None,
+        topic_id: None,
     };
     let ack = |member: &str, generation: u64, member_epoch: u64, offset: u64| pb::AckRequest {
         group: "g".into(),
@@ -91,6 +100,7 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
         topic: "t".into(),
         partition: 0,
         offset,
+        topic_id: None,
     };
     let m1 = c.join_group(join("m1")).await.unwrap().into_inner();
     let (old, old_epoch) = (m1.generation, m1.member_epoch);
@@ -144,7 +154,7 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
             "describe: unknown topic",
             Code::NotFound,
             "does not exist",
-            c.describe_topic(pb::DescribeTopicRequest { topic: "nope".into() }).await,
+            c.describe_topic(pb::DescribeTopicRequest { topic: "nope".into(), leader_only: false }).await,
         ),
         refused(
             "delete: unknown topic",

@@ -139,6 +139,7 @@ async fn replies_keep_to_the_servers_byte_budget() {
         max_bytes: 0,
         max_wait_ms: 0,
         offset: None,
+        topic_id: None,
     };
     let polled = c.poll(poll).await.unwrap().into_inner().records.len();
     assert!((1..=5).contains(&polled), "a default poll returned {polled} records of 1 MiB");
@@ -162,6 +163,7 @@ async fn a_producer_the_partition_forgot_recovers_with_a_new_id() {
             idempotent: true,
             producer_id: id,
             sequence,
+            topic_id: None,
         };
         client.produce(request).await.unwrap();
     }
@@ -206,6 +208,7 @@ async fn a_long_poll_on_a_deleted_topic_is_told_not_found() {
         max_bytes: 0,
         max_wait_ms: 20_000,
         offset: None,
+        topic_id: None,
     };
     // Claim first, then wait on the empty partition while it is deleted.
     let mut first = poll.clone();
@@ -294,4 +297,71 @@ fn a_broker_that_cannot_listen_or_open_its_data_says_why_and_exits() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(stderr.lines().count(), 1, "one sentence: {stderr}");
     assert!(stderr.contains("in use"), "{stderr}");
+}
+
+/// Writes name the topic incarnation they mean: one deleted and created
+/// again under the client is refused, never written into (and then deleted
+/// with the old incarnation), and a broker that does not know the named
+/// incarnation yet asks the client to retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_land_only_in_the_topic_incarnation_they_name() {
+    let (_dir, _broker, address) = start().await;
+    let client = client(&address);
+    create(&client, "t", 1).await;
+    let old = client.describe_topic_fresh("t").await.unwrap().id;
+    client.delete_topic("t").await.unwrap();
+    create(&client, "t", 1).await;
+    let new = client.describe_topic_fresh("t").await.unwrap().id;
+    assert!(new > old);
+    let mut c = raw(&address).await;
+    let produce = |topic_id: Option<u64>| pb::ProduceRequest {
+        topic: "t".into(),
+        records: vec![record(b"x".to_vec())],
+        topic_id,
+        ..Default::default()
+    };
+    let deleted = c.produce(produce(Some(old))).await.unwrap_err();
+    assert_eq!(deleted.code(), Code::NotFound, "{deleted:?}");
+    assert!(deleted.message().contains("was deleted"), "{deleted:?}");
+    let ahead = c.produce(produce(Some(new + 1))).await.unwrap_err();
+    assert_eq!(ahead.code(), Code::Unavailable, "{ahead:?}");
+    // (The retrying client: the new partition may not have its leader yet.)
+    client.produce(produce(Some(new))).await.unwrap();
+    // Polls and acks name the incarnation of their assignment the same way.
+    let joined = c
+        .join_group(pb::JoinGroupRequest {
+            group: "g".into(),
+            member: "m".into(),
+            topics: vec!["t".into()],
+            session_timeout_ms: 10_000,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(joined.partitions[0].topic_id, new);
+    let poll = |topic_id: Option<u64>| pb::PollRequest {
+        group: "g".into(),
+        member: "m".into(),
+        generation: joined.generation,
+        member_epoch: joined.member_epoch,
+        topic: "t".into(),
+        partition: 0,
+        max_records: 10,
+        max_bytes: 0,
+        max_wait_ms: 0,
+        offset: None,
+        topic_id,
+    };
+    assert_eq!(c.poll(poll(Some(old))).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(c.poll(poll(Some(new))).await.unwrap().into_inner().records.len(), 1);
+    let high_watermark = c
+        .describe_topic(pb::DescribeTopicRequest { topic: "t".into(), leader_only: false })
+        .await
+        .unwrap()
+        .into_inner()
+        .topic
+        .unwrap()
+        .partitions[0]
+        .high_watermark;
+    assert_eq!(high_watermark, 1, "only the write that named the live incarnation landed");
 }

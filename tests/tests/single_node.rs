@@ -115,6 +115,12 @@ fn prometheus_metrics_show_traffic_raft_state_and_lag() {
     // One record acknowledged of four: three to go.
     assert_eq!(sample(&metrics, r#"keel_consumer_lag{group="meters",topic="metered",partition="0"}"#), 3.0);
 
+    // A group that has read everything and left has no lag series any more
+    // (a partition remembers every group that ever read it).
+    cli_ok(&address, &["consume", "metered", "--group", "done", "--max-records", "4"], "");
+    let metrics = http_get(&metrics_address, "/metrics");
+    assert!(!metrics.contains(r#"keel_consumer_lag{group="done""#), "{metrics}");
+
     // A bad request is counted with its status code.
     cli(&address, &["topic", "describe", "missing"], "");
     let metrics = http_get(&metrics_address, "/metrics");

@@ -197,3 +197,45 @@ fn kill_9_of_a_broker_loses_no_acknowledged_record() {
         assert_eq!(all, (0..600).map(|i| format!("record-{i:05}")).collect::<Vec<_>>(), "records on {address}");
     }
 }
+
+/// A topic created while one of its brokers is down still gets a leader
+/// for every partition, the down broker's preferred ones too (only the
+/// first replica used to initialise a partition's group), and the broker
+/// catches up when it returns.
+#[test]
+fn a_topic_created_while_a_broker_is_down_gets_leaders_everywhere() {
+    let mut cluster = Cluster::start();
+    cluster.kill(0);
+    let b2 = cluster.addresses[1].clone();
+    cli_ok(&b2, &["topic", "create", "late", "--partitions", "3", "--replication-factor", "3"], "");
+    let started = Instant::now();
+    loop {
+        let described: serde_json::Value =
+            serde_json::from_str(&cli_ok(&b2, &["topic", "describe", "late", "--json"], "")).unwrap();
+        let leaders: Vec<u64> =
+            described[0]["partitions"].as_array().unwrap().iter().map(|p| p["leader"].as_u64().unwrap()).collect();
+        if leaders.iter().all(|l| *l == 2 || *l == 3) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "partitions without a leader: {leaders:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    cli_ok(&b2, &["produce", "late"], "a\nb\nc\n");
+    cluster.restart(0);
+    let b1 = cluster.addresses[0].clone();
+    let started = Instant::now();
+    let caught_up = || {
+        let described: serde_json::Value =
+            serde_json::from_str(&cli_ok(&b1, &["topic", "describe", "late", "--json"], "")).unwrap();
+        described[0]["partitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["high_watermark"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    while caught_up() < 3 {
+        assert!(started.elapsed() < Duration::from_secs(30), "broker 1 did not catch up");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

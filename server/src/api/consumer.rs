@@ -147,9 +147,14 @@ impl KeelService {
         match self.propose_metadata(command).await? {
             MetadataOutcome::Joined { generation, member_epoch, partitions } => {
                 self.node.sync_sessions();
+                let metadata = self.node.metadata();
                 let partitions = partitions
                     .into_iter()
-                    .map(|p| pb::TopicPartition { topic: p.topic.to_string(), partition: p.partition.0 })
+                    .map(|p| pb::TopicPartition {
+                        topic_id: metadata.topic(&p.topic).map_or(0, |t| t.id),
+                        topic: p.topic.to_string(),
+                        partition: p.partition.0,
+                    })
                     .collect();
                 Ok(pb::JoinGroupResponse { generation: generation.0, partitions, member_epoch })
             }
@@ -276,7 +281,7 @@ impl KeelService {
     pub(super) async fn poll_request(&self, request: pb::PollRequest) -> Result<pb::PollResponse, Status> {
         let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
         let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
-        let partition = self.partition(&request.topic, request.partition).await?;
+        let partition = self.partition_of(&request.topic, request.partition, request.topic_id).await?;
         let generation = Generation(request.generation);
         self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
         let group_id = self.node.partition_group(&partition).ok_or_else(|| self.hosted_elsewhere(&partition))?;
@@ -338,7 +343,7 @@ impl KeelService {
     pub(super) async fn ack_request(&self, request: pb::AckRequest) -> Result<pb::AckResponse, Status> {
         let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
         let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
-        let partition = self.partition(&request.topic, request.partition).await?;
+        let partition = self.partition_of(&request.topic, request.partition, request.topic_id).await?;
         let generation = Generation(request.generation);
         // The planted bug takes the whole fence away, the edge's share too,
         // so that the G5 checker is shown to catch a broker without it.

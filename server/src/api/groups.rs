@@ -28,7 +28,11 @@ impl KeelService {
                 partitions: info
                     .partitions_of(member)
                     .into_iter()
-                    .map(|p| pb::TopicPartition { topic: p.topic.to_string(), partition: p.partition.0 })
+                    .map(|p| pb::TopicPartition {
+                        topic_id: metadata.topic(&p.topic).map_or(0, |t| t.id),
+                        topic: p.topic.to_string(),
+                        partition: p.partition.0,
+                    })
                     .collect(),
             })
             .collect();

@@ -9,10 +9,12 @@
 //! in `keel-replicas` (`<id>@<host:port>,...`). The client library follows
 //! these hints. Reads of committed records are served by any replica.
 
+mod admission;
 mod consumer;
 mod errors;
 mod groups;
 mod service;
 
+pub use admission::{RETRY_AFTER_METADATA, WRITE_BYTES_IN_FLIGHT_MAX};
 pub use errors::{LEADER_METADATA, REPLICAS_METADATA};
 pub use service::{to_record, KeelService};

@@ -38,11 +38,13 @@ const LIVENESS_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
 /// The public API of one broker.
 pub struct KeelService {
     pub(super) node: Node,
+    /// The bound on writes in flight.
+    pub(super) admission: super::admission::Admission,
 }
 
 impl KeelService {
     pub fn new(node: Node) -> Self {
-        KeelService { node }
+        KeelService { node, admission: super::admission::Admission::new(super::WRITE_BYTES_IN_FLIGHT_MAX) }
     }
 
     /// Run one RPC and count it, with its status code and latency.
@@ -109,13 +111,41 @@ impl KeelService {
     }
 
     /// Validate a topic and partition against this broker's metadata.
-    /// Validate a topic and partition against this broker's metadata.
     pub(super) async fn partition(&self, topic: &str, partition: u32) -> Result<TopicPartition, Status> {
+        self.partition_of(topic, partition, None).await
+    }
+
+    /// [`Self::partition`] of the topic incarnation `topic_id`, if named: a
+    /// write the client means for one incarnation never lands in another.
+    pub(super) async fn partition_of(
+        &self,
+        topic: &str,
+        partition: u32,
+        topic_id: Option<u64>,
+    ) -> Result<TopicPartition, Status> {
         let name = TopicName::new(topic).map_err(invalid_name)?;
         let metadata = self.node.metadata();
         let Some(info) = metadata.topic(&name) else {
             return Err(self.missing(format!("topic {name} does not exist: create it first")).await);
         };
+        match topic_id {
+            Some(wanted) if wanted > info.id => {
+                return Err(Status::unavailable(format!(
+                    "broker {} knows topic {name} as incarnation {}, older than the {wanted} you named: its \
+                     metadata is behind, retry shortly",
+                    self.node.id(),
+                    info.id
+                )))
+            }
+            Some(wanted) if wanted < info.id => {
+                return Err(Status::not_found(format!(
+                    "topic {name} incarnation {wanted} was deleted (the topic was created again, as incarnation {}): \
+                     look the topic up again",
+                    info.id
+                )))
+            }
+            _ => {}
+        }
         if partition as usize >= info.partitions.len() {
             let message = format!(
                 "topic {name} has {} partitions, so partition {partition} does not exist",
@@ -164,7 +194,12 @@ impl KeelService {
                 }
             })
             .collect();
-        pb::TopicDescription { name: name.to_string(), replication_factor: info.replication_factor, partitions }
+        pb::TopicDescription {
+            name: name.to_string(),
+            replication_factor: info.replication_factor,
+            partitions,
+            id: info.id,
+        }
     }
 }
 
@@ -213,7 +248,7 @@ impl KeelService {
     ) -> Result<Response<pb::ProduceResponse>, Status> {
         let request = request.into_inner();
         let metadata = self.node.metadata();
-        let partition = self.partition(&request.topic, request.partition).await?;
+        let partition = self.partition_of(&request.topic, request.partition, request.topic_id).await?;
         let limits = metadata.limits();
         if request.records.is_empty() {
             return Err(Status::invalid_argument("the batch is empty: send at least one record"));
@@ -234,6 +269,7 @@ impl KeelService {
             sequence: Sequence(request.sequence),
         });
         let bytes: u64 = records.iter().map(|r| (r.value.len() + r.key.as_ref().map_or(0, |k| k.len())) as u64).sum();
+        let _admitted = self.admission.admit(self.node.id(), records.iter().map(Record::size_bytes).sum())?;
         match self.propose_partition(&partition, PartitionCommand::Append { producer, records }).await? {
             PartitionOutcome::Appended { base_offset, count, duplicate } => {
                 if !duplicate {
@@ -309,7 +345,15 @@ impl KeelService {
         &self,
         request: Request<pb::DescribeTopicRequest>,
     ) -> Result<Response<pb::DescribeTopicResponse>, Status> {
-        let name = TopicName::new(request.into_inner().topic).map_err(invalid_name)?;
+        let request = request.into_inner();
+        let name = TopicName::new(request.topic).map_err(invalid_name)?;
+        if request.leader_only && !self.node.is_metadata_leader().await {
+            let message = format!("broker {} does not lead the metadata group", self.node.id());
+            return Err(match self.node.metadata_leader().await {
+                Some((id, address)) => with_leader(Status::failed_precondition(message), id, &address),
+                None => Status::unavailable(format!("{message}; no leader is known yet, retry shortly")),
+            });
+        }
         let metadata = self.node.metadata();
         let Some(info) = metadata.topic(&name) else {
             return Err(self.missing(format!("topic {name} does not exist")).await);

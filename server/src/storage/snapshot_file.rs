@@ -220,6 +220,31 @@ pub fn copy(store: &NodeStore, from: &str, to: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Remove every chunk of every snapshot `group` was receiving: called before
+/// a new stream begins (openraft receives one at a time, so any earlier one
+/// was abandoned or installed) and when the group opens (a stream never
+/// survives a restart).
+pub fn remove_incoming(store: &NodeStore, group: &str) -> Result<(), StoreError> {
+    let (from, to) = (incoming_prefix(group), format!("{group}/incoming."));
+    let any = store.read(|txn| {
+        let table = txn.open_table(SNAPSHOT_CHUNKS)?;
+        let mut range = table.range((from.as_str(), 0)..(to.as_str(), 0))?;
+        Ok(range.next().is_some())
+    })?;
+    if !any {
+        return Ok(());
+    }
+    store.write_now(false, |txn| {
+        txn.open_table(SNAPSHOT_CHUNKS)?.retain_in((from.as_str(), 0)..(to.as_str(), 0), |_, _| false)?;
+        Ok(())
+    })
+}
+
+/// What the key of every snapshot `group` receives starts with.
+pub fn incoming_prefix(group: &str) -> String {
+    format!("{group}/incoming-")
+}
+
 /// Remove every chunk stored under `key`.
 pub fn remove(store: &NodeStore, key: &str) -> Result<(), StoreError> {
     store.write_now(false, |txn| {
@@ -281,6 +306,35 @@ mod tests {
 
     fn store() -> Arc<NodeStore> {
         NodeStore::open_with_backend(redb::backends::InMemoryBackend::new()).unwrap()
+    }
+
+    #[test]
+    fn abandoned_incoming_snapshots_are_removed_and_nothing_else() {
+        let store = store();
+        let write = |key: &str| {
+            let mut file = SnapshotFile::create(store.clone(), key.into()).unwrap();
+            file.write_item(&vec![1u8; 1000]).unwrap();
+            file.finish().unwrap();
+        };
+        write("p/t/1/0/incoming-0");
+        write("p/t/1/0/incoming-7");
+        write("p/t/1/0/snapshot-3");
+        write("p/t/1/1/incoming-0");
+        remove_incoming(&store, "p/t/1/0").unwrap();
+        let keys: Vec<String> = store
+            .read(|txn| {
+                let table = txn.open_table(SNAPSHOT_CHUNKS)?;
+                let mut keys = Vec::new();
+                for row in table.range::<(&str, u64)>(..)? {
+                    let (key, _) = row.map_err(redb::Error::from)?;
+                    keys.push(key.value().0.to_string());
+                }
+                Ok(keys)
+            })
+            .unwrap();
+        assert!(keys.iter().all(|k| k != "p/t/1/0/incoming-0" && k != "p/t/1/0/incoming-7"), "{keys:?}");
+        assert!(keys.iter().any(|k| k == "p/t/1/0/snapshot-3"));
+        assert!(keys.iter().any(|k| k == "p/t/1/1/incoming-0"), "another group's stream stays");
     }
 
     #[test]

@@ -73,6 +73,8 @@ impl GroupStateMachine {
     /// Open a group's state machine, starting from `initial` if the store
     /// has none for it yet.
     pub fn open(store: Arc<NodeStore>, group: String, initial: GroupState) -> Result<Self, StoreError> {
+        // A snapshot being received when the node stopped is abandoned.
+        snapshot_file::remove_incoming(&store, &group)?;
         let stored: Option<Applied> = store.read(|txn| {
             let table = txn.open_table(STATE)?;
             let value = table.get(group.as_str())?;
@@ -260,7 +262,7 @@ impl GroupStateMachine {
     /// A fresh key for a snapshot being received (one per stream).
     fn incoming_key(&self) -> String {
         let stream = self.incoming_streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        format!("{}/incoming-{stream}", self.group)
+        format!("{}{stream}", snapshot_file::incoming_prefix(&self.group))
     }
 
     async fn install(&self, meta: &SnapshotMeta, mut file: SnapshotFile) -> Result<(), StoreError> {
@@ -340,6 +342,7 @@ impl RaftStateMachine<TypeConfig> for GroupStateMachine {
     }
 
     async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotFile>, StorageError> {
+        snapshot_file::remove_incoming(&self.store, &self.group).map_err(snapshot_error(ErrorVerb::Write))?;
         let file =
             SnapshotFile::create(self.store.clone(), self.incoming_key()).map_err(snapshot_error(ErrorVerb::Write))?;
         Ok(Box::new(file))
