@@ -246,29 +246,34 @@ impl NodeInner {
 /// not keep a stopped node alive.
 struct Directory(std::sync::Weak<NodeInner>);
 
+impl Directory {
+    /// Run `call` on the node, unless it has stopped.
+    fn on_node<F, Fut>(&self, call: F) -> JoinFuture
+    where
+        F: FnOnce(Node) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<(), crate::raft::network::JoinRefusal>> + Send + 'static,
+    {
+        let node = self.0.upgrade().map(|inner| Node { inner });
+        Box::pin(async move {
+            match node {
+                Some(node) => call(node).await,
+                None => Err(crate::raft::network::JoinRefusal::Retry("the broker is stopping".into())),
+            }
+        })
+    }
+}
+
 impl GroupDirectory for Directory {
     fn raft(&self, group: &GroupId) -> Option<Raft> {
         self.0.upgrade()?.raft(group)
     }
 
     fn join(&self, request: JoinRequest) -> JoinFuture {
-        let node = self.0.upgrade().map(|inner| Node { inner });
-        Box::pin(async move {
-            match node {
-                Some(node) => node.accept_join(request).await,
-                None => Err(crate::raft::network::JoinRefusal::Retry("the broker is stopping".into())),
-            }
-        })
+        self.on_node(|node| async move { node.accept_join(request).await })
     }
 
     fn move_settled(&self, report: MoveSettledReport) -> JoinFuture {
-        let node = self.0.upgrade().map(|inner| Node { inner });
-        Box::pin(async move {
-            match node {
-                Some(node) => node.accept_move_settled(report).await,
-                None => Err(crate::raft::network::JoinRefusal::Retry("the broker is stopping".into())),
-            }
-        })
+        self.on_node(|node| async move { node.accept_move_settled(report).await })
     }
 }
 

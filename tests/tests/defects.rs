@@ -39,6 +39,17 @@ async fn create(client: &Client, topic: &str, partitions: u32) {
     client.create_topic(request).await.unwrap();
 }
 
+/// Join group `g` as member `m`, subscribed to `topic`, over raw gRPC.
+async fn join(c: &mut KeelClient<Channel>, topic: &str) -> pb::JoinGroupResponse {
+    let request = pb::JoinGroupRequest {
+        group: "g".into(),
+        member: "m".into(),
+        topics: vec![topic.into()],
+        session_timeout_ms: 10_000,
+    };
+    c.join_group(request).await.unwrap().into_inner()
+}
+
 fn record(value: Vec<u8>) -> pb::Record {
     pb::Record { value, ..Default::default() }
 }
@@ -118,16 +129,7 @@ async fn replies_keep_to_the_servers_byte_budget() {
     let unlimited = c.read(read(10_000, u64::MAX)).await.unwrap().into_inner().records.len();
     assert!((1..=17).contains(&unlimited), "an unlimited read returned {unlimited} records of 1 MiB");
 
-    let joined = c
-        .join_group(pb::JoinGroupRequest {
-            group: "g".into(),
-            member: "m".into(),
-            topics: vec!["big".into()],
-            session_timeout_ms: 10_000,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let joined = join(&mut c, "big").await;
     let poll = pb::PollRequest {
         group: "g".into(),
         member: "m".into(),
@@ -187,16 +189,7 @@ async fn a_long_poll_on_a_deleted_topic_is_told_not_found() {
     let client = client(&address);
     create(&client, "doomed", 1).await;
     let mut c = raw(&address).await;
-    let joined = c
-        .join_group(pb::JoinGroupRequest {
-            group: "g".into(),
-            member: "m".into(),
-            topics: vec!["doomed".into()],
-            session_timeout_ms: 10_000,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let joined = join(&mut c, "doomed").await;
     let poll = pb::PollRequest {
         group: "g".into(),
         member: "m".into(),
@@ -328,16 +321,7 @@ async fn writes_land_only_in_the_topic_incarnation_they_name() {
     // (The retrying client: the new partition may not have its leader yet.)
     client.produce(produce(Some(new))).await.unwrap();
     // Polls and acks name the incarnation of their assignment the same way.
-    let joined = c
-        .join_group(pb::JoinGroupRequest {
-            group: "g".into(),
-            member: "m".into(),
-            topics: vec!["t".into()],
-            session_timeout_ms: 10_000,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let joined = join(&mut c, "t").await;
     assert_eq!(joined.partitions[0].topic_id, new);
     let poll = |topic_id: Option<u64>| pb::PollRequest {
         group: "g".into(),

@@ -381,6 +381,25 @@ impl Node {
         if leader != Some(self.id()) {
             return Err(JoinRefusal::NotLeader { leader, internal_address });
         }
+        // A report this leader's metadata already contradicts (another
+        // epoch, another incarnation, nothing leaving) is refused here, so
+        // that a lagging reporter does not fill the log with rejections.
+        let current = self.metadata().topics().iter().find_map(|(name, topic)| {
+            (name.as_str() == report.topic && topic.id == report.topic_id)
+                .then(|| topic.partitions.get(report.partition as usize).map(|p| (p.epoch, p.leaving.is_empty())))
+                .flatten()
+        });
+        match current {
+            Some((epoch, settled)) if epoch == report.epoch => {
+                if settled {
+                    return Ok(());
+                }
+            }
+            _ => {
+                let stale = format!("the report on {}/{} is stale", report.topic, report.partition);
+                return Err(JoinRefusal::Refused(stale));
+            }
+        }
         let command = MetadataCommand::MoveSettled {
             topic: report.topic,
             topic_id: report.topic_id,

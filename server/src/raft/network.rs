@@ -162,17 +162,28 @@ impl Peers {
         request: &JoinRequest,
         timeout: Duration,
     ) -> Result<Result<(), JoinRefusal>, TransportError> {
-        let channel = self.channel(internal_address)?;
-        let mut client = RaftTransportClient::new(channel);
+        let (mut client, message) = self.admin_call(internal_address, request, timeout)?;
+        let reply = client.join(message).await?;
+        Ok(postcard::from_bytes(&reply.into_inner().payload)?)
+    }
+
+    /// A client and a request (carrying this broker's identity) for one of
+    /// the transport's broker-to-broker admin calls.
+    fn admin_call(
+        &self,
+        internal_address: &str,
+        payload: &impl Serialize,
+        timeout: Duration,
+    ) -> Result<(RaftTransportClient<Channel>, tonic::Request<RaftRequest>), TransportError> {
+        let client = RaftTransportClient::new(self.channel(internal_address)?);
         let mut message = tonic::Request::new(RaftRequest {
             group: String::new(),
-            payload: postcard::to_stdvec(request)?,
+            payload: postcard::to_stdvec(payload)?,
             cluster_id: self.identity.cluster_id,
             secret: self.identity.secret.clone(),
         });
         message.set_timeout(timeout);
-        let reply = client.join(message).await?;
-        Ok(postcard::from_bytes(&reply.into_inner().payload)?)
+        Ok((client, message))
     }
 
     /// Tell the metadata leader at `internal_address` that a partition's
@@ -182,15 +193,7 @@ impl Peers {
         internal_address: &str,
         report: &MoveSettledReport,
     ) -> Result<Result<(), JoinRefusal>, TransportError> {
-        let channel = self.channel(internal_address)?;
-        let mut client = RaftTransportClient::new(channel);
-        let mut message = tonic::Request::new(RaftRequest {
-            group: String::new(),
-            payload: postcard::to_stdvec(report)?,
-            cluster_id: self.identity.cluster_id,
-            secret: self.identity.secret.clone(),
-        });
-        message.set_timeout(Duration::from_secs(5));
+        let (mut client, message) = self.admin_call(internal_address, report, Duration::from_secs(5))?;
         let reply = client.move_settled(message).await?;
         Ok(postcard::from_bytes(&reply.into_inner().payload)?)
     }
