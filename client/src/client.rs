@@ -52,21 +52,35 @@ pub enum ClientError {
     #[error("no broker addresses were given")]
     NoBrokers,
     /// The partition forgot this producer (its state was evicted or
-    /// expired), so the outcome of the batch being retried is unknown. The
-    /// producer now has a new id: send again what must be delivered (it may
-    /// then be appended twice).
+    /// expired), so the outcome of the batch being sent is unknown. The
+    /// producer now has a new id. `unknown` holds that batch (send it again
+    /// if it must be delivered: it may then be appended twice); `unsent`
+    /// holds this call's records when the batch refused was an earlier one,
+    /// so this call's were not sent at all.
     #[error(
-        "the partition forgot producer {old_producer_id} ({reason}); the outcome of its unacknowledged batch is \
-         unknown. The producer continues as {new_producer_id}: send that batch again if it must be delivered"
+        "the partition forgot producer {old_producer_id} ({reason}); the outcome of a batch of {} records is \
+         unknown, and {} records of this call were not sent. The producer continues as {new_producer_id}: send \
+         again what must be delivered", .unknown.len(), .unsent.len()
     )]
-    ProducerReset { old_producer_id: u64, new_producer_id: u64, reason: String },
+    ProducerReset {
+        old_producer_id: u64,
+        new_producer_id: u64,
+        reason: String,
+        unknown: Vec<pb::Record>,
+        unsent: Vec<pb::Record>,
+    },
 }
 
 /// Response metadata of a refusal that a retry after this many ms may pass
 /// (a broker at its in-flight write limit).
 pub const RETRY_AFTER_METADATA: &str = "keel-retry-after-ms";
+/// Longest wait a retry hint can ask for.
+const RETRY_AFTER_MS_MAX: u64 = 5_000;
 /// Response metadata of a refusal that fences this process's member epoch.
 pub const FENCED_METADATA: &str = "keel-fenced";
+/// Response metadata of a refusal naming a topic incarnation that was
+/// deleted (the topic may exist again under a new one).
+pub const TOPIC_GONE_METADATA: &str = "keel-topic-gone";
 /// Response metadata of a refusal saying the partition forgot the producer.
 pub const PRODUCER_LOST_METADATA: &str = "keel-producer-lost";
 
@@ -243,7 +257,17 @@ impl Client {
                                 queue.insert(0, hint);
                             }
                         }
-                        Next::Backoff => {}
+                        Next::Backoff => {
+                            // A broker at its write limit says when to come back.
+                            let hinted = status
+                                .metadata()
+                                .get(RETRY_AFTER_METADATA)
+                                .and_then(|v| v.to_str().ok())
+                                .and_then(|v| v.parse::<u64>().ok());
+                            if let Some(ms) = hinted {
+                                tokio::time::sleep(Duration::from_millis(ms.min(RETRY_AFTER_MS_MAX))).await;
+                            }
+                        }
                     }
                 }
             }

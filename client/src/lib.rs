@@ -20,7 +20,10 @@ mod client;
 mod consumer;
 mod producer;
 
-pub use client::{Client, ClientError, RetryPolicy, Route, FENCED_METADATA, PRODUCER_LOST_METADATA};
+pub use client::{
+    Client, ClientError, RetryPolicy, Route, FENCED_METADATA, PRODUCER_LOST_METADATA, RETRY_AFTER_METADATA,
+    TOPIC_GONE_METADATA,
+};
 pub use consumer::{Consumer, Delivery};
 pub use keel_proto::v1 as pb;
 pub use producer::{Producer, Sent};

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use keel_core::routing::{partition_for_key, KeylessSpreader};
 use keel_proto::v1 as pb;
 
-use crate::client::{Client, ClientError, PRODUCER_LOST_METADATA};
+use crate::client::{Client, ClientError, PRODUCER_LOST_METADATA, TOPIC_GONE_METADATA};
 
 /// Where a batch landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,10 +107,47 @@ impl Producer {
     ) -> Result<Sent, ClientError> {
         let slot = (topic.to_string(), partition);
         if let Some((sequence, earlier)) = self.unresolved.get(&slot).cloned() {
-            self.attempt(&slot, sequence, earlier).await?;
+            match self.attempt(&slot, sequence, earlier).await {
+                Ok(_) => {}
+                // This call's records were not sent: say so.
+                Err(ClientError::ProducerReset { old_producer_id, new_producer_id, reason, unknown, .. }) => {
+                    return Err(ClientError::ProducerReset {
+                        old_producer_id,
+                        new_producer_id,
+                        reason,
+                        unknown,
+                        unsent: records,
+                    })
+                }
+                Err(error) => return Err(error),
+            }
         }
         let sequence = self.sequences.get(&slot).copied().unwrap_or(0);
         self.attempt(&slot, sequence, records).await
+    }
+
+    /// The partition forgot this producer: continue under a new id. Every
+    /// partition starts again at sequence 0; batches of other partitions
+    /// whose outcome is unknown are resent under the new id (so they may be
+    /// appended twice, never lost); the refused one goes back to the caller.
+    async fn reset(&mut self, slot: &(String, u32), status: &tonic::Status, records: Vec<pb::Record>) -> ClientError {
+        let old_producer_id = self.producer_id;
+        match self.client.allocate_producer_id().await {
+            Ok(id) => self.producer_id = id,
+            Err(error) => return error,
+        }
+        self.sequences.clear();
+        self.unresolved.remove(slot);
+        for (sequence, _) in self.unresolved.values_mut() {
+            *sequence = 0;
+        }
+        ClientError::ProducerReset {
+            old_producer_id,
+            new_producer_id: self.producer_id,
+            reason: status.message().to_string(),
+            unknown: records,
+            unsent: Vec::new(),
+        }
     }
 
     async fn attempt(
@@ -142,15 +179,15 @@ impl Producer {
                 })
             }
             Err(ClientError::Refused(status)) if status.metadata().get(PRODUCER_LOST_METADATA).is_some() => {
-                let old_producer_id = self.producer_id;
-                self.producer_id = self.client.allocate_producer_id().await?;
-                self.sequences.clear();
-                self.unresolved.clear();
-                Err(ClientError::ProducerReset {
-                    old_producer_id,
-                    new_producer_id: self.producer_id,
-                    reason: status.message().to_string(),
-                })
+                Err(self.reset(slot, &status, records).await)
+            }
+            Err(ClientError::Refused(status)) if status.metadata().get(TOPIC_GONE_METADATA).is_some() => {
+                // The incarnation this producer knew was deleted: forget it,
+                // so that the next send looks the topic up again.
+                self.topics.remove(&slot.0);
+                self.sequences.retain(|(topic, _), _| *topic != slot.0);
+                self.unresolved.retain(|(topic, _), _| *topic != slot.0);
+                Err(ClientError::Refused(status))
             }
             Err(error) => {
                 self.unresolved.insert(slot.clone(), (sequence, records));

@@ -55,8 +55,8 @@ pub enum OffsetChoice {
 #[derive(Debug, Clone)]
 pub enum Step {
     Append { producer: Option<(u64, SequenceChoice)>, records: Vec<Record> },
-    Claim { group: &'static str, member: &'static str, generation: u64 },
-    Commit { group: &'static str, member: &'static str, generation: u64, offset: OffsetChoice },
+    Claim { group: &'static str, member: &'static str, generation: u64, member_epoch: u64 },
+    Commit { group: &'static str, member: &'static str, generation: u64, member_epoch: u64, offset: OffsetChoice },
     Reset { group: &'static str, position: OffsetChoice },
     Retention { max_age_ms: Option<u64>, max_bytes: Option<u64> },
 }
@@ -85,8 +85,8 @@ fn step() -> impl Strategy<Value = Step> {
     let member = proptest::sample::select(&MEMBERS[..]);
     prop_oneof![
         8 => (proptest::option::of((1u64..5, sequence)), proptest::collection::vec(record(), 0..6)).prop_map(|(producer, records)| Step::Append { producer, records }),
-        3 => (group.clone(), member.clone(), 0u64..4).prop_map(|(group, member, generation)| Step::Claim { group, member, generation }),
-        5 => (group.clone(), member, 0u64..4, offset.clone()).prop_map(|(group, member, generation, offset)| Step::Commit { group, member, generation, offset }),
+        3 => (group.clone(), member.clone(), 0u64..4, 1u64..3).prop_map(|(group, member, generation, member_epoch)| Step::Claim { group, member, generation, member_epoch }),
+        5 => (group.clone(), member, 0u64..4, 1u64..3, offset.clone()).prop_map(|(group, member, generation, member_epoch, offset)| Step::Commit { group, member, generation, member_epoch, offset }),
         1 => (group, offset).prop_map(|(group, position)| Step::Reset { group, position }),
         2 => (proptest::option::of(0u64..200), proptest::option::of(0u64..60)).prop_map(|(max_age_ms, max_bytes)| Step::Retention { max_age_ms, max_bytes }),
     ]
@@ -101,7 +101,8 @@ struct ModelProducer {
 
 #[derive(Debug, Clone, Default)]
 struct ModelGroup {
-    claim: Option<(u64, String)>,
+    /// (generation, member, member epoch)
+    claim: Option<(u64, String, u64)>,
     position: Option<u64>,
 }
 
@@ -166,12 +167,12 @@ impl Model {
     fn apply(&mut self, at: u64, command: &PartitionCommand) -> Result<PartitionOutcome, PartitionRejection> {
         match command {
             PartitionCommand::Append { producer, records } => self.append(at, *producer, records),
-            PartitionCommand::Claim { group, member, generation } => {
+            PartitionCommand::Claim { group, member, generation, member_epoch } => {
                 let name = GroupName::new(group.as_str())?;
                 keel_core::MemberId::new(member.as_str())?;
                 self.room_for(group)?;
                 let entry = self.groups.entry(group.clone()).or_default();
-                if let Some((g, m)) = &entry.claim {
+                if let Some((g, m, e)) = &entry.claim {
                     if *g > generation.0 || (*g == generation.0 && m != member) {
                         return Err(PartitionRejection::Fenced {
                             group: name,
@@ -179,23 +180,39 @@ impl Model {
                             current: Generation(*g),
                         });
                     }
+                    if *g == generation.0 && *e > *member_epoch {
+                        return Err(PartitionRejection::EpochFenced {
+                            group: name,
+                            member: member.clone(),
+                            member_epoch: *member_epoch,
+                            current: *e,
+                        });
+                    }
                 }
-                entry.claim = Some((generation.0, member.clone()));
+                entry.claim = Some((generation.0, member.clone(), *member_epoch));
                 Ok(PartitionOutcome::Claimed { generation: *generation, position: Offset(self.group_position(group)) })
             }
-            PartitionCommand::Commit { group, member, generation, offset } => {
+            PartitionCommand::Commit { group, member, generation, member_epoch, offset } => {
                 let name = GroupName::new(group.as_str())?;
                 keel_core::MemberId::new(member.as_str())?;
                 let claim = self.groups.get(group).and_then(|g| g.claim.clone());
                 match claim {
-                    Some((g, _)) if g > generation.0 => {
+                    Some((g, _, _)) if g > generation.0 => {
                         return Err(PartitionRejection::Fenced {
                             group: name,
                             generation: *generation,
                             current: Generation(g),
                         })
                     }
-                    Some((g, m)) if g == generation.0 && &m == member => {}
+                    Some((g, m, e)) if g == generation.0 && &m == member && e > *member_epoch => {
+                        return Err(PartitionRejection::EpochFenced {
+                            group: name,
+                            member: member.clone(),
+                            member_epoch: *member_epoch,
+                            current: e,
+                        })
+                    }
+                    Some((g, m, e)) if g == generation.0 && &m == member && e == *member_epoch => {}
                     _ => {
                         return Err(PartitionRejection::NotClaimed {
                             group: name,
@@ -370,15 +387,17 @@ pub fn check_steps((steps, reads): Inputs) -> Result<(), TestCaseError> {
                 }),
                 records,
             },
-            Step::Claim { group, member, generation } => PartitionCommand::Claim {
+            Step::Claim { group, member, generation, member_epoch } => PartitionCommand::Claim {
                 group: group.into(),
                 member: member.into(),
                 generation: Generation(generation),
+                member_epoch,
             },
-            Step::Commit { group, member, generation, offset } => PartitionCommand::Commit {
+            Step::Commit { group, member, generation, member_epoch, offset } => PartitionCommand::Commit {
                 group: group.into(),
                 member: member.into(),
                 generation: Generation(generation),
+                member_epoch,
                 offset: Offset(model.resolve_offset(&offset, group)),
             },
             Step::Reset { group, position } => PartitionCommand::ResetPosition {
@@ -410,7 +429,10 @@ pub fn check_steps((steps, reads): Inputs) -> Result<(), TestCaseError> {
         for (name, group) in &model.groups {
             let real = &state.groups()[&GroupName::new(name.as_str()).unwrap()];
             prop_assert_eq!(real.position.map(|p| p.0), group.position);
-            prop_assert_eq!(real.claim.as_ref().map(|c| (c.generation.0, c.member.to_string())), group.claim.clone());
+            prop_assert_eq!(
+                real.claim.as_ref().map(|c| (c.generation.0, c.member.to_string(), c.member_epoch)),
+                group.claim.clone()
+            );
         }
         // Reads return exactly the model's records, bounded by count and
         // bytes (at least one record when any is there).

@@ -205,7 +205,8 @@ fn partition() -> (PartitionState, MemoryLog) {
         records,
     };
     state.apply(&mut log, TimestampMs(1), &append).unwrap().unwrap();
-    let claim = PartitionCommand::Claim { group: "g".into(), member: "m".into(), generation: Generation(2) };
+    let claim =
+        PartitionCommand::Claim { group: "g".into(), member: "m".into(), generation: Generation(2), member_epoch: 2 };
     state.apply(&mut log, TimestampMs(1), &claim).unwrap().unwrap();
     (state, log)
 }
@@ -232,10 +233,15 @@ fn append(producer: Option<(u64, u64)>, values: &[&[u8]]) -> PartitionCommand {
 }
 
 fn commit(member: &str, generation: u64, offset: u64) -> PartitionCommand {
+    commit_as(member, generation, 2, offset)
+}
+
+fn commit_as(member: &str, generation: u64, member_epoch: u64, offset: u64) -> PartitionCommand {
     PartitionCommand::Commit {
         group: "g".into(),
         member: member.into(),
         generation: Generation(generation),
+        member_epoch,
         offset: Offset(offset),
     }
 }
@@ -264,14 +270,20 @@ fn partition_rejections() {
         PartitionRejection::UnknownProducer { producer: ProducerId(2), got: Sequence(1) }
     );
     assert!(matches!(
-        partition_rejected(PartitionCommand::Claim { group: "".into(), member: "m".into(), generation: Generation(3) }),
+        partition_rejected(PartitionCommand::Claim {
+            group: "".into(),
+            member: "m".into(),
+            generation: Generation(3),
+            member_epoch: 1
+        }),
         PartitionRejection::InvalidName(_)
     ));
     assert!(matches!(
         partition_rejected(PartitionCommand::Claim {
             group: "g".into(),
             member: "m".into(),
-            generation: Generation(1)
+            generation: Generation(1),
+            member_epoch: 1
         }),
         PartitionRejection::Fenced { current: Generation(2), .. }
     ));
@@ -279,7 +291,8 @@ fn partition_rejections() {
         partition_rejected(PartitionCommand::Claim {
             group: "g".into(),
             member: "n".into(),
-            generation: Generation(2)
+            generation: Generation(2),
+            member_epoch: 1
         }),
         PartitionRejection::Fenced { .. }
     ));
@@ -287,11 +300,19 @@ fn partition_rejections() {
         partition_rejected(PartitionCommand::Claim {
             group: "h".into(),
             member: "m".into(),
-            generation: Generation(1)
+            generation: Generation(1),
+            member_epoch: 1
         }),
         PartitionRejection::TooManyGroups { max: 1 }
     ));
     assert!(matches!(partition_rejected(commit("m", 1, 0)), PartitionRejection::Fenced { .. }));
+    // An older join (another process) of the claiming member is fenced; a
+    // newer one must claim before it commits.
+    let older =
+        PartitionCommand::Claim { group: "g".into(), member: "m".into(), generation: Generation(2), member_epoch: 1 };
+    assert!(matches!(partition_rejected(older), PartitionRejection::EpochFenced { current: 2, member_epoch: 1, .. }));
+    assert!(matches!(partition_rejected(commit_as("m", 2, 1, 0)), PartitionRejection::EpochFenced { .. }));
+    assert!(matches!(partition_rejected(commit_as("m", 2, 3, 0)), PartitionRejection::NotClaimed { .. }));
     assert!(matches!(partition_rejected(commit("n", 2, 0)), PartitionRejection::NotClaimed { .. }));
     assert!(matches!(partition_rejected(commit("m", 3, 0)), PartitionRejection::NotClaimed { .. }));
     assert_eq!(

@@ -88,6 +88,7 @@ fn ack(request: pb::AckRequest) {
         group: request.group,
         member: request.member,
         generation: keel_core::Generation(request.generation),
+        member_epoch: request.member_epoch,
         offset: Offset(request.offset),
     });
 }

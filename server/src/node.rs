@@ -187,6 +187,7 @@ pub enum ProposeError {
 pub struct Cursor {
     pub generation: Generation,
     pub member: MemberId,
+    pub member_epoch: u64,
 }
 
 /// A partition group as the metadata places it.
@@ -542,12 +543,11 @@ impl Node {
             self.inner.groups.lock().expect("groups").iter().map(|(g, h)| (g.clone(), h.raft.clone())).collect();
         groups.into_iter().find_map(|(group, raft)| {
             let metrics = raft.metrics();
-            // A core that panicked drops its metrics sender without a word.
-            if metrics.has_changed().is_err() {
-                return Some(format!("Raft group {group} stopped: its core panicked"));
+            if let Err(fatal) = &metrics.borrow().running_state {
+                return Some(format!("Raft group {group} stopped: {fatal}"));
             }
-            let state = metrics.borrow();
-            state.running_state.as_ref().err().map(|fatal| format!("Raft group {group} stopped: {fatal}"))
+            // A core that panicked drops its metrics sender without a word.
+            metrics.has_changed().is_err().then(|| format!("Raft group {group} stopped: its core panicked"))
         })
     }
 
@@ -610,7 +610,10 @@ impl Node {
         let mut placed = BTreeMap::new();
         for (topic, info) in metadata.topics() {
             for (index, placement) in info.partitions.iter().enumerate() {
-                if !placement.replicas.contains(&BrokerId(self.id())) {
+                // A broker moved off a partition keeps its replica open (a
+                // restart reopens it) until the group no longer names it.
+                let me = BrokerId(self.id());
+                if !placement.replicas.contains(&me) && !placement.leaving.contains(&me) {
                     continue;
                 }
                 let members = placement
@@ -628,7 +631,7 @@ impl Node {
                 // Every replica of a never-moved placement initialises the
                 // group with the same membership; moved replicas join the
                 // existing group instead.
-                let initialize = placement.epoch == 0;
+                let initialize = placement.epoch == 0 && placement.replicas.contains(&me);
                 let tp = TopicPartition::new(topic.clone(), keel_core::PartitionIndex(index as u32));
                 placed.insert(GroupId::Partition(tp, info.id), PlacedGroup { initialize, members });
             }

@@ -20,11 +20,13 @@ pub struct ProducerBatch {
 pub enum PartitionCommand {
     /// Append a batch of records, idempotently if `producer` is set.
     Append { producer: Option<ProducerBatch>, records: Vec<Record> },
-    /// Claim the partition for a group's member in a generation (G5): from
-    /// then on, commits from older generations are fenced.
-    Claim { group: String, member: String, generation: Generation },
+    /// Claim the partition for a group's member in a generation (G5), as
+    /// the member joined with `member_epoch`: from then on, commits from
+    /// older generations, and from older joins of the same member id, are
+    /// fenced.
+    Claim { group: String, member: String, generation: Generation, member_epoch: u64 },
     /// Commit every offset up to and including `offset` for the group (G4).
-    Commit { group: String, member: String, generation: Generation, offset: Offset },
+    Commit { group: String, member: String, generation: Generation, member_epoch: u64, offset: Offset },
     /// Set a group's position (the next offset it reads) by hand; the admin
     /// path, allowed only while the group has no members (checked by the
     /// server against the metadata group).
@@ -91,6 +93,11 @@ pub enum PartitionRejection {
     Fenced { group: GroupName, generation: Generation, current: Generation },
     #[error("group {group}: member {member} does not hold a claim on this partition in generation {generation}: poll first to claim it")]
     NotClaimed { group: GroupName, member: String, generation: Generation },
+    #[error(
+        "group {group}: member {member} joined again (member epoch {current} holds this partition), and this process \
+         holds epoch {member_epoch}: it is fenced; stop it, or give each process its own member id"
+    )]
+    EpochFenced { group: GroupName, member: String, member_epoch: u64, current: u64 },
     #[error("commit of offset {offset} is beyond the high watermark {high_watermark}: commit only offsets you read")]
     CommitBeyondHighWatermark { offset: Offset, high_watermark: Offset },
     #[error("commit of offset {offset} would move the group back from position {position}: commits only go forward")]

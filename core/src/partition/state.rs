@@ -20,6 +20,9 @@ use crate::record::{Record, StoredRecord};
 pub struct Claim {
     pub generation: Generation,
     pub member: MemberId,
+    /// The epoch of the member's join: a later join of the same member id
+    /// (another process) claims with a higher one and fences this one.
+    pub member_epoch: u64,
 }
 
 /// What this partition knows of one consumer group.
@@ -114,9 +117,11 @@ impl PartitionState {
     ) -> Result<PartitionResult, L::Error> {
         let result = match command {
             PartitionCommand::Append { producer, records } => self.append(log, at, *producer, records)?,
-            PartitionCommand::Claim { group, member, generation } => self.claim(group, member, *generation),
-            PartitionCommand::Commit { group, member, generation, offset } => {
-                self.commit(group, member, *generation, *offset)
+            PartitionCommand::Claim { group, member, generation, member_epoch } => {
+                self.claim(group, member, *generation, *member_epoch)
+            }
+            PartitionCommand::Commit { group, member, generation, member_epoch, offset } => {
+                self.commit(group, member, *generation, *member_epoch, *offset)
             }
             PartitionCommand::ResetPosition { group, position } => self.reset_position(group, *position),
             PartitionCommand::ApplyRetention { policy } => Ok(self.apply_retention(log, at, *policy)?),
@@ -238,7 +243,7 @@ impl PartitionState {
         }
     }
 
-    fn claim(&mut self, group: &str, member: &str, generation: Generation) -> PartitionResult {
+    fn claim(&mut self, group: &str, member: &str, generation: Generation, member_epoch: u64) -> PartitionResult {
         let group = GroupName::new(group)?;
         let member = MemberId::new(member)?;
         self.ensure_room_for(&group)?;
@@ -248,8 +253,16 @@ impl PartitionState {
             if current.generation > generation || other_member_same_generation {
                 return Err(PartitionRejection::Fenced { group, generation, current: current.generation });
             }
+            if current.generation == generation && current.member == member && current.member_epoch > member_epoch {
+                return Err(PartitionRejection::EpochFenced {
+                    group,
+                    member: member.to_string(),
+                    member_epoch,
+                    current: current.member_epoch,
+                });
+            }
         }
-        entry.claim = Some(Claim { generation, member });
+        entry.claim = Some(Claim { generation, member, member_epoch });
         Ok(PartitionOutcome::Claimed { generation, position: self.group_position(&group) })
     }
 
@@ -261,13 +274,20 @@ impl PartitionState {
         Ok(())
     }
 
-    fn commit(&mut self, group: &str, member: &str, generation: Generation, offset: Offset) -> PartitionResult {
+    fn commit(
+        &mut self,
+        group: &str,
+        member: &str,
+        generation: Generation,
+        member_epoch: u64,
+        offset: Offset,
+    ) -> PartitionResult {
         let group = GroupName::new(group)?;
         let member_id = MemberId::new(member)?;
         let claim = self.groups.get(&group).and_then(|g| g.claim.as_ref());
         // Planted: every commit looks as if its own member held the claim.
         #[cfg(madsim)]
-        let fenceless = Claim { generation, member: member_id.clone() };
+        let fenceless = Claim { generation, member: member_id.clone(), member_epoch };
         #[cfg(madsim)]
         let claim =
             if crate::planted::is_planted(crate::planted::Bug::CommitWithoutFence) { Some(&fenceless) } else { claim };
@@ -275,7 +295,19 @@ impl PartitionState {
             Some(current) if current.generation > generation => {
                 return Err(PartitionRejection::Fenced { group, generation, current: current.generation });
             }
-            Some(current) if current.generation == generation && current.member == member_id => {}
+            Some(current) if current.generation == generation && current.member == member_id => {
+                if current.member_epoch > member_epoch {
+                    return Err(PartitionRejection::EpochFenced {
+                        group,
+                        member: member.to_string(),
+                        member_epoch,
+                        current: current.member_epoch,
+                    });
+                }
+                if current.member_epoch < member_epoch {
+                    return Err(PartitionRejection::NotClaimed { group, member: member.to_string(), generation });
+                }
+            }
             _ => return Err(PartitionRejection::NotClaimed { group, member: member.to_string(), generation }),
         }
         let Some(position) = offset.0.checked_add(1).map(Offset) else {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
-/// Bytes of writes (batches, claims, commits) one broker holds in flight.
+/// Bytes of produce batches one broker holds in flight.
 pub const WRITE_BYTES_IN_FLIGHT_MAX: u64 = 256 * 1024 * 1024;
 /// The budget's unit: a write costs its size rounded up to this, and at
 /// least one unit.

@@ -250,6 +250,7 @@ impl KeelService {
         &self,
         group: &GroupName,
         member: &MemberId,
+        member_epoch: u64,
         generation: Generation,
         partition: &TopicPartition,
     ) -> Result<(), Status> {
@@ -269,7 +270,20 @@ impl KeelService {
             }));
         }
         match state.groups().get(group).and_then(|g| g.claim.as_ref()) {
-            Some(claim) if claim.generation == generation && claim.member == *member => Ok(()),
+            Some(claim) if claim.generation == generation && claim.member == *member => {
+                match claim.member_epoch.cmp(&member_epoch) {
+                    std::cmp::Ordering::Equal => Ok(()),
+                    std::cmp::Ordering::Greater => Err(super::errors::fenced_member(&HeartbeatError::Fenced {
+                        group: group.clone(),
+                        member: member.clone(),
+                        current: claim.member_epoch,
+                        given: member_epoch,
+                    })),
+                    std::cmp::Ordering::Less => {
+                        Err(Status::aborted(format!("group {group} has no claim of yours on {partition}; poll again")))
+                    }
+                }
+            }
             Some(claim) => Err(Status::aborted(format!(
                 "group {group} generation {generation} is fenced on {partition}: generation {} member {} holds it; rejoin the group",
                 claim.generation, claim.member
@@ -281,19 +295,24 @@ impl KeelService {
     pub(super) async fn poll_request(&self, request: pb::PollRequest) -> Result<pb::PollResponse, Status> {
         let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
         let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
-        let partition = self.partition_of(&request.topic, request.partition, request.topic_id).await?;
+        let (partition, group_id) = self.partition_of(&request.topic, request.partition, request.topic_id).await?;
         let generation = Generation(request.generation);
         self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
-        let group_id = self.node.partition_group(&partition).ok_or_else(|| self.hosted_elsewhere(&partition))?;
-        let claimed =
-            self.node.cursor(&group_id, &group).is_some_and(|c| c.generation == generation && c.member == member);
+        let claimed = self.node.cursor(&group_id, &group).is_some_and(|c| {
+            c.generation == generation && c.member == member && c.member_epoch == request.member_epoch
+        });
         if !claimed {
             // The first poll of a generation claims the partition (G5).
-            let command =
-                PartitionCommand::Claim { group: request.group.clone(), member: request.member.clone(), generation };
-            match self.propose_partition(&partition, command).await? {
+            let command = PartitionCommand::Claim {
+                group: request.group.clone(),
+                member: request.member.clone(),
+                generation,
+                member_epoch: request.member_epoch,
+            };
+            match self.propose_partition_in(&group_id, &partition, command).await? {
                 PartitionOutcome::Claimed { .. } => {
-                    self.node.set_cursor(&group_id, &group, Cursor { generation, member: member.clone() })
+                    let cursor = Cursor { generation, member: member.clone(), member_epoch: request.member_epoch };
+                    self.node.set_cursor(&group_id, &group, cursor)
                 }
                 other => return Err(Status::internal(format!("unexpected outcome {other:?}"))),
             }
@@ -301,7 +320,7 @@ impl KeelService {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(request.max_wait_ms.min(POLL_WAIT_MS_MAX));
         let (max_records, max_bytes) = super::service::read_budget(request.max_records, request.max_bytes);
         loop {
-            self.check_claim(&group, &member, generation, &partition)?;
+            self.check_claim(&group, &member, request.member_epoch, generation, &partition)?;
             if self.node.cursor(&group_id, &group).is_none() {
                 return Err(Status::aborted("the claim moved; poll again"));
             }
@@ -327,7 +346,7 @@ impl KeelService {
                     // the claim it checks is current, and a deposed leader
                     // cannot hand records to a fenced generation (G5).
                     self.confirm_leadership(&partition).await?;
-                    self.check_claim(&group, &member, generation, &partition)?;
+                    self.check_claim(&group, &member, request.member_epoch, generation, &partition)?;
                     self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
                 }
                 self.node.metrics().polled(records.len() as u64);
@@ -343,7 +362,7 @@ impl KeelService {
     pub(super) async fn ack_request(&self, request: pb::AckRequest) -> Result<pb::AckResponse, Status> {
         let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
         let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
-        let partition = self.partition_of(&request.topic, request.partition, request.topic_id).await?;
+        let (partition, group_id) = self.partition_of(&request.topic, request.partition, request.topic_id).await?;
         let generation = Generation(request.generation);
         // The planted bug takes the whole fence away, the edge's share too,
         // so that the G5 checker is shown to catch a broker without it.
@@ -358,9 +377,10 @@ impl KeelService {
             group: request.group,
             member: request.member,
             generation: Generation(request.generation),
+            member_epoch: request.member_epoch,
             offset: Offset(request.offset),
         };
-        match self.propose_partition(&partition, command).await? {
+        match self.propose_partition_in(&group_id, &partition, command).await? {
             PartitionOutcome::Committed { position } => {
                 self.node.metrics().acked();
                 Ok(pb::AckResponse { position: position.0 })

@@ -13,6 +13,8 @@ pub const LEADER_METADATA: &str = "keel-leader";
 pub const REPLICAS_METADATA: &str = "keel-replicas";
 /// Response metadata marking a member epoch fenced by a later join.
 pub const FENCED_METADATA: &str = "keel-fenced";
+/// Response metadata marking a topic incarnation that was deleted.
+pub const TOPIC_GONE_METADATA: &str = "keel-topic-gone";
 /// Response metadata marking a producer the partition no longer knows.
 pub const PRODUCER_LOST_METADATA: &str = "keel-producer-lost";
 
@@ -32,6 +34,11 @@ pub(super) fn with_leader(status: Status, leader: u64, address: &str) -> Status 
 /// process is fenced for good (rejoining would fence the other one).
 pub(super) fn fenced_member(error: &keel_core::coordinator::HeartbeatError) -> Status {
     with_metadata(Status::failed_precondition(error.to_string()), FENCED_METADATA, "member-epoch")
+}
+
+/// A refusal naming a deleted topic incarnation.
+pub(super) fn topic_gone(status: Status) -> Status {
+    with_metadata(status, TOPIC_GONE_METADATA, "true")
 }
 
 pub(super) fn invalid_name(error: NameError) -> Status {
@@ -103,12 +110,17 @@ pub(super) fn partition_rejection(rejection: PartitionRejection) -> Status {
         TooManyRecords { .. } | BatchTooLarge { .. } | TooManyGroups { .. } | OffsetOverflow => Code::ResourceExhausted,
         SequenceGap { .. } | SequenceTooOld { .. } | UnknownProducer { .. } => Code::FailedPrecondition,
         Fenced { .. } | NotClaimed { .. } => Code::Aborted,
+        EpochFenced { .. } => Code::FailedPrecondition,
         CommitBeyondHighWatermark { .. } | CommitBackwards { .. } => Code::OutOfRange,
     };
     let lost = matches!(rejection, SequenceTooOld { .. } | UnknownProducer { .. });
+    let fenced = matches!(rejection, EpochFenced { .. });
     let status = Status::new(code, rejection.to_string());
     if lost {
         return with_metadata(status, PRODUCER_LOST_METADATA, "true");
+    }
+    if fenced {
+        return with_metadata(status, FENCED_METADATA, "member-epoch");
     }
     status
 }

@@ -76,10 +76,20 @@ impl KeelService {
             .node
             .partition_group(partition)
             .ok_or_else(|| Status::not_found(format!("partition {partition} does not exist")))?;
-        if self.node.raft(&group).is_none() {
+        self.propose_partition_in(&group, partition, command).await
+    }
+
+    /// Propose to exactly `group` (one incarnation of `partition`'s topic).
+    pub(super) async fn propose_partition_in(
+        &self,
+        group: &GroupId,
+        partition: &TopicPartition,
+        command: PartitionCommand,
+    ) -> Result<PartitionOutcome, Status> {
+        if self.node.raft(group).is_none() {
             return Err(self.hosted_elsewhere(partition));
         }
-        match self.node.propose(&group, Command::Partition(command)).await.map_err(not_leader)? {
+        match self.node.propose(group, Command::Partition(command)).await.map_err(not_leader)? {
             Applied::Partition(result) => result.map_err(partition_rejection),
             other => Err(Status::internal(format!("partition {partition} answered {other:?}"))),
         }
@@ -112,17 +122,18 @@ impl KeelService {
 
     /// Validate a topic and partition against this broker's metadata.
     pub(super) async fn partition(&self, topic: &str, partition: u32) -> Result<TopicPartition, Status> {
-        self.partition_of(topic, partition, None).await
+        Ok(self.partition_of(topic, partition, None).await?.0)
     }
 
-    /// [`Self::partition`] of the topic incarnation `topic_id`, if named: a
-    /// write the client means for one incarnation never lands in another.
+    /// [`Self::partition`] of the topic incarnation `topic_id`, if named,
+    /// with the Raft group of the incarnation checked: a write the client
+    /// means for one incarnation never lands in another.
     pub(super) async fn partition_of(
         &self,
         topic: &str,
         partition: u32,
         topic_id: Option<u64>,
-    ) -> Result<TopicPartition, Status> {
+    ) -> Result<(TopicPartition, GroupId), Status> {
         let name = TopicName::new(topic).map_err(invalid_name)?;
         let metadata = self.node.metadata();
         let Some(info) = metadata.topic(&name) else {
@@ -138,11 +149,12 @@ impl KeelService {
                 )))
             }
             Some(wanted) if wanted < info.id => {
-                return Err(Status::not_found(format!(
+                let status = Status::not_found(format!(
                     "topic {name} incarnation {wanted} was deleted (the topic was created again, as incarnation {}): \
                      look the topic up again",
                     info.id
-                )))
+                ));
+                return Err(super::errors::topic_gone(status));
             }
             _ => {}
         }
@@ -153,7 +165,8 @@ impl KeelService {
             );
             return Err(self.missing(message).await);
         }
-        Ok(TopicPartition::new(name, PartitionIndex(partition)))
+        let partition = TopicPartition::new(name, PartitionIndex(partition));
+        Ok((partition.clone(), GroupId::Partition(partition, info.id)))
     }
 
     /// Something named is not in this broker's metadata. Only the metadata
@@ -248,7 +261,7 @@ impl KeelService {
     ) -> Result<Response<pb::ProduceResponse>, Status> {
         let request = request.into_inner();
         let metadata = self.node.metadata();
-        let partition = self.partition_of(&request.topic, request.partition, request.topic_id).await?;
+        let (partition, group) = self.partition_of(&request.topic, request.partition, request.topic_id).await?;
         let limits = metadata.limits();
         if request.records.is_empty() {
             return Err(Status::invalid_argument("the batch is empty: send at least one record"));
@@ -270,7 +283,7 @@ impl KeelService {
         });
         let bytes: u64 = records.iter().map(|r| (r.value.len() + r.key.as_ref().map_or(0, |k| k.len())) as u64).sum();
         let _admitted = self.admission.admit(self.node.id(), records.iter().map(Record::size_bytes).sum())?;
-        match self.propose_partition(&partition, PartitionCommand::Append { producer, records }).await? {
+        match self.propose_partition_in(&group, &partition, PartitionCommand::Append { producer, records }).await? {
             PartitionOutcome::Appended { base_offset, count, duplicate } => {
                 if !duplicate {
                     self.node.metrics().produced(u64::from(count), bytes);

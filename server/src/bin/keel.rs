@@ -456,7 +456,9 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
     let internal = |config: &mut NodeConfig| -> anyhow::Result<()> {
         if let Some(listen) = args.internal_listen.or(file.internal_listen) {
             config.internal_listen = listen;
-            config.internal_advertised = listen.to_string();
+            // Peers reach it at the advertised host, on the internal port.
+            let host = config.advertised.rsplit_once(':').map_or(config.advertised.as_str(), |(host, _)| host);
+            config.internal_advertised = format!("{host}:{}", listen.port());
         }
         if let Some(advertise) = args.internal_advertise.clone().or(file.internal_advertise.clone()) {
             config.internal_advertised = advertise;

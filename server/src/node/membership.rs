@@ -96,6 +96,8 @@ enum Convergence {
     ChangeVoters(BTreeMap<NodeId, String>),
     /// Voters are right; learners left from an earlier attempt go.
     RemoveLearners(BTreeSet<NodeId>),
+    /// Members registered a new internal address since they joined.
+    UpdateAddresses(BTreeMap<NodeId, BasicNode>),
     /// The membership is exactly the placement and committed, but the
     /// metadata still lists brokers leaving: tell the metadata leader.
     ReportSettled(MoveSettledReport),
@@ -167,15 +169,32 @@ impl Node {
     ) -> Result<(), MembershipError> {
         let group = GroupId::Metadata;
         let raft = self.raft(&group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
-        let register = MetadataCommand::RegisterBroker {
-            broker: BrokerId(broker),
-            address: address.clone(),
-            internal_address: internal_address.clone(),
-        };
-        match self.propose(&group, Command::Metadata(register)).await? {
-            Response::Metadata(Ok(_)) => {}
-            Response::Metadata(Err(rejection)) => return Err(MembershipError::Rejected(rejection)),
-            other => unreachable!("the metadata group answered {other:?}"),
+        // Register only what changed: a repeated join writes nothing.
+        let known = self.metadata().brokers().get(&BrokerId(broker)).cloned();
+        if !known.is_some_and(|b| b.address == address && b.internal_address == internal_address) {
+            let register = MetadataCommand::RegisterBroker {
+                broker: BrokerId(broker),
+                address: address.clone(),
+                internal_address: internal_address.clone(),
+            };
+            match self.propose(&group, Command::Metadata(register)).await? {
+                Response::Metadata(Ok(_)) => {}
+                Response::Metadata(Err(rejection)) => return Err(MembershipError::Rejected(rejection)),
+                other => unreachable!("the metadata group answered {other:?}"),
+            }
+        }
+        // A member that moved to another internal address: Raft must send
+        // there from now on (the same node, so no quorum changes).
+        let moved = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&broker)
+            .is_some_and(|node| node.addr != internal_address);
+        if moved {
+            let nodes = BTreeMap::from([(broker, BasicNode { addr: internal_address.clone() })]);
+            raft.change_membership(ChangeMembers::SetNodes(nodes), false).await.map_err(|e| write_error(&group, e))?;
         }
         add_learner_and_catch_up(&group, &raft, broker, internal_address).await?;
         if !voters(&raft).contains(&broker) {
@@ -347,6 +366,23 @@ impl Node {
         if nodes != target {
             return Some(Convergence::RemoveLearners(nodes.difference(&target).copied().collect()));
         }
+        let moved: BTreeMap<NodeId, BasicNode> = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            let membership = metrics.membership_config.membership();
+            placement
+                .replicas
+                .iter()
+                .filter_map(|b| {
+                    let registered = metadata.brokers().get(b)?.internal_address.clone();
+                    let known = membership.get_node(&b.0)?;
+                    (known.addr != registered).then(|| (b.0, BasicNode { addr: registered }))
+                })
+                .collect()
+        };
+        if !moved.is_empty() {
+            return Some(Convergence::UpdateAddresses(moved));
+        }
         if committed && !placement.leaving.is_empty() {
             return Some(Convergence::ReportSettled(MoveSettledReport {
                 topic: partition.topic.to_string(),
@@ -443,6 +479,11 @@ impl Node {
                     }
                     Convergence::RemoveLearners(learners) => raft
                         .change_membership(ChangeMembers::RemoveNodes(learners), false)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| write_error(&group, e).to_string()),
+                    Convergence::UpdateAddresses(nodes) => raft
+                        .change_membership(ChangeMembers::SetNodes(nodes), false)
                         .await
                         .map(|_| ())
                         .map_err(|e| write_error(&group, e).to_string()),

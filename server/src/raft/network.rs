@@ -288,7 +288,12 @@ impl PeerClient {
         }
         let result = self.call_peer(rpc, request, option).await;
         if let Err(TransportError::Status(status)) = &result {
-            if status.code() == tonic::Code::DeadlineExceeded {
+            // A call timed out and nothing else came back from the peer
+            // lately: its connection may be dead without knowing it. (One
+            // slow call among answered ones says nothing of the connection.)
+            let silent =
+                self.peers.since_answer(self.target).is_none_or(|since| since > crate::node::KEEPALIVE_TIMEOUT);
+            if status.code() == tonic::Code::DeadlineExceeded && silent {
                 self.peers.forget_channel(&self.address);
             }
         }
