@@ -376,7 +376,7 @@ impl Node {
                 .filter_map(|b| {
                     let registered = metadata.brokers().get(b)?.internal_address.clone();
                     let known = membership.get_node(&b.0)?;
-                    (known.addr != registered).then(|| (b.0, BasicNode { addr: registered }))
+                    (known.addr != registered).then_some((b.0, BasicNode { addr: registered }))
                 })
                 .collect()
         };
