@@ -135,6 +135,8 @@ pub enum TransportError {
     TooLarge { bytes: usize },
     #[error("the peer did not answer a moment ago; it is tried again shortly")]
     Resting,
+    #[error("the peer did not answer within the call's time limit")]
+    TimedOut,
 }
 
 impl Peers {
@@ -278,24 +280,33 @@ impl PeerClient {
         // Wait out the peer's rest, but no longer than the RPC's soft time
         // limit, then fail: failing at once would let openraft retry in the
         // same instant, forever; waiting longer would delay heartbeats.
+        let give_up = tokio::time::Instant::now() + option.soft_ttl();
         let resting_until = self.peers.resting.lock().expect("resting peers").get(&self.target).copied();
         if let Some(until) = resting_until {
-            let give_up = tokio::time::Instant::now() + option.soft_ttl();
             tokio::time::sleep_until(until.min(give_up)).await;
             if until > give_up {
                 return Err(TransportError::Resting);
             }
         }
-        let result = self.call_peer(rpc, request, option).await;
-        if let Err(TransportError::Status(status)) = &result {
-            // A call timed out and nothing else came back from the peer
-            // lately: its connection may be dead without knowing it. (One
-            // slow call among answered ones says nothing of the connection.)
-            let silent =
-                self.peers.since_answer(self.target).is_none_or(|since| since > crate::node::KEEPALIVE_TIMEOUT);
-            if status.code() == tonic::Code::DeadlineExceeded && silent {
-                self.peers.forget_channel(&self.address);
-            }
+        // The call ends at the soft time limit, here rather than by openraft
+        // dropping it at the hard one, so that a timeout is seen.
+        let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+        let result = match tokio::time::timeout(left, self.call_peer(rpc, request, option)).await {
+            Ok(result) => result,
+            Err(_) => Err(TransportError::TimedOut),
+        };
+        let timed_out = match &result {
+            Err(TransportError::TimedOut) => true,
+            Err(TransportError::Status(status)) => status.code() == tonic::Code::DeadlineExceeded,
+            _ => false,
+        };
+        // A call timed out and nothing else came back from the peer lately:
+        // its connection may be dead without knowing it (a partition drops
+        // packets; TCP retransmits with back-off). (One slow call among
+        // answered ones says nothing of the connection.)
+        let silent = self.peers.since_answer(self.target).is_none_or(|since| since > crate::node::KEEPALIVE_TIMEOUT);
+        if timed_out && silent {
+            self.peers.forget_channel(&self.address);
         }
         let mut resting = self.peers.resting.lock().expect("resting peers");
         match &result {
@@ -608,6 +619,34 @@ mod tests {
         assert_eq!(refusal(7, "s3cret!", "metadata"), tonic::Code::Unauthenticated);
         assert_eq!(refusal(7, "s3cret", "metadata"), tonic::Code::NotFound);
         assert_eq!(refusal(7, "s3cret", "not a group"), tonic::Code::InvalidArgument);
+    }
+
+    /// A peer whose connection is open but silent (as behind a partition
+    /// that drops packets): the call ends at its soft time limit, and the
+    /// channel is dropped, so the next call connects afresh.
+    #[tokio::test]
+    async fn a_call_into_a_silent_connection_times_out_and_drops_the_channel() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        // Accept and hold connections, never answering.
+        let held = tokio::spawn(async move {
+            let mut sockets = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                sockets.push(socket);
+            }
+        });
+        let peers = Peers::new(ClusterIdentity { cluster_id: 7, secret: "s".into() });
+        let client = PeerClient { group: "metadata".into(), peers: peers.clone(), target: 2, address: address.clone() };
+        peers.channel(&address).unwrap();
+        assert!(peers.channels.lock().unwrap().contains_key(&address));
+        let vote = VoteRequest::new(openraft::Vote::new(1, 1), None);
+        let started = tokio::time::Instant::now();
+        let result: Result<Result<VoteResponse<NodeId>, RaftError<NodeId>>, _> =
+            client.call(Rpc::Vote, &vote, &RPCOption::new(Duration::from_millis(400))).await;
+        assert!(matches!(result, Err(TransportError::TimedOut)), "{result:?}");
+        assert!(started.elapsed() < Duration::from_millis(400), "ended at the soft limit");
+        assert!(!peers.channels.lock().unwrap().contains_key(&address), "the silent channel was dropped");
+        held.abort();
     }
 
     #[test]
