@@ -77,12 +77,7 @@ pub(super) fn check_member(
         )));
     }
     if member_epoch < joined.member_epoch {
-        return Err(super::errors::fenced_member(&HeartbeatError::Fenced {
-            group: group.clone(),
-            member: member.clone(),
-            current: joined.member_epoch,
-            given: member_epoch,
-        }));
+        return Err(older_epoch(group, member, joined.member_epoch, member_epoch));
     }
     match info.assignment.owner(partition) {
         Some(owner) if owner == member => Ok(()),
@@ -94,6 +89,17 @@ pub(super) fn check_member(
             "group {group} assigns {partition} to no member in generation {generation}: rejoin the group"
         ))),
     }
+}
+
+/// The refusal of a process holding member epoch `given` of `member`, after
+/// a later join (epoch `current`) of the same member id.
+fn older_epoch(group: &GroupName, member: &MemberId, current: u64, given: u64) -> Status {
+    super::errors::fenced_member(&HeartbeatError::Fenced {
+        group: group.clone(),
+        member: member.clone(),
+        current,
+        given,
+    })
 }
 
 /// How often a waiting poll looks again.
@@ -196,12 +202,7 @@ impl KeelService {
         let metadata = self.node.metadata();
         if let Some(joined) = metadata.group(&group).and_then(|g| g.members.get(&member)) {
             if request.member_epoch < joined.member_epoch {
-                return Err(super::errors::fenced_member(&HeartbeatError::Fenced {
-                    group,
-                    member,
-                    current: joined.member_epoch,
-                    given: request.member_epoch,
-                }));
+                return Err(older_epoch(&group, &member, joined.member_epoch, request.member_epoch));
             }
         }
         self.propose_metadata(MetadataCommand::LeaveGroup { group: request.group, member: request.member }).await?;
@@ -273,12 +274,7 @@ impl KeelService {
             Some(claim) if claim.generation == generation && claim.member == *member => {
                 match claim.member_epoch.cmp(&member_epoch) {
                     std::cmp::Ordering::Equal => Ok(()),
-                    std::cmp::Ordering::Greater => Err(super::errors::fenced_member(&HeartbeatError::Fenced {
-                        group: group.clone(),
-                        member: member.clone(),
-                        current: claim.member_epoch,
-                        given: member_epoch,
-                    })),
+                    std::cmp::Ordering::Greater => Err(older_epoch(group, member, claim.member_epoch, member_epoch)),
                     std::cmp::Ordering::Less => {
                         Err(Status::aborted(format!("group {group} has no claim of yours on {partition}; poll again")))
                     }
