@@ -13,6 +13,17 @@ use keel_server::raft::types::Command;
 use keel_server::storage::crash_disk::CrashDisk;
 use keel_server::storage::NodeStore;
 
+/// The node's fatal error, if it reports one within 4 s.
+async fn fatal_within(node: &Node) -> Option<String> {
+    for _ in 0..200 {
+        if let Some(fatal) = node.fatal_error() {
+            return Some(fatal);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
 /// A one-broker node on a simulated disk, once it takes writes.
 async fn started(disk: &CrashDisk) -> Node {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -45,15 +56,7 @@ async fn a_failed_disk_makes_the_node_report_a_fatal_error() {
     )
     .await;
     assert!(!matches!(failed, Ok(Ok(_))), "a write on a failed disk must not succeed");
-    let mut fatal = None;
-    for _ in 0..200 {
-        fatal = node.fatal_error();
-        if fatal.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(fatal.is_some(), "the node must report the storage failure");
+    assert!(fatal_within(&node).await.is_some(), "the node must report the storage failure");
     node.shutdown().await;
 }
 
@@ -69,15 +72,7 @@ async fn a_raft_group_whose_core_panicked_is_fatal() {
     let forged = openraft::raft::VoteRequest::new(openraft::Vote::new(u64::MAX, 9), Some(last));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let _ = tokio::time::timeout(Duration::from_secs(5), raft.vote(forged)).await;
-    let mut fatal = None;
-    for _ in 0..200 {
-        fatal = node.fatal_error();
-        if fatal.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let fatal = fatal.expect("a panicked Raft core must be reported");
+    let fatal = fatal_within(&node).await.expect("a panicked Raft core must be reported");
     assert!(fatal.contains("metadata"), "{fatal}");
     node.shutdown().await;
 }

@@ -128,6 +128,21 @@ impl Drop for Broker {
     }
 }
 
+/// A one-broker cluster on embedded defaults in a fresh directory, started
+/// from async tests: the directory (dropped: removed), the broker (dropped:
+/// killed) and its client address.
+pub async fn one_broker() -> (tempfile::TempDir, Broker, String) {
+    let dir = tempfile::TempDir::new().expect("temporary directory");
+    let address = format!("127.0.0.1:{}", free_port());
+    let broker = tokio::task::spawn_blocking({
+        let (dir, address) = (dir.path().to_path_buf(), address.clone());
+        move || Broker::start(&dir, &address, &[])
+    })
+    .await
+    .expect("start the broker");
+    (dir, broker, address)
+}
+
 /// Run a `keel` client command against `broker`, feeding `stdin`.
 pub fn cli(broker: &str, args: &[&str], stdin: &str) -> Output {
     let mut child = Command::new(keel_binary())

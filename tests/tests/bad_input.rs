@@ -4,7 +4,6 @@
 
 use keel_proto::v1 as pb;
 use keel_proto::v1::keel_client::KeelClient;
-use keel_tests::{free_port, Broker};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -39,14 +38,7 @@ async fn high_watermark(client: &mut KeelClient<Channel>) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
-    let dir = tempfile::TempDir::new().unwrap();
-    let address = format!("127.0.0.1:{}", free_port());
-    let _broker = tokio::task::spawn_blocking({
-        let (dir, address) = (dir.path().to_path_buf(), address.clone());
-        move || Broker::start(&dir, &address, &[])
-    })
-    .await
-    .unwrap();
+    let (_dir, _broker, address) = keel_tests::one_broker().await;
     let channel = Channel::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
     let mut c = KeelClient::new(channel).max_decoding_message_size(64 << 20).max_encoding_message_size(64 << 20);
 

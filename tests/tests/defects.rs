@@ -8,21 +8,9 @@ use std::time::Duration;
 use keel_client::{Client, ClientError, Consumer, Producer, RetryPolicy};
 use keel_proto::v1 as pb;
 use keel_proto::v1::keel_client::KeelClient;
-use keel_tests::{free_port, Broker};
+use keel_tests::{free_port, one_broker, Broker};
 use tonic::transport::Channel;
 use tonic::Code;
-
-async fn start() -> (tempfile::TempDir, Broker, String) {
-    let dir = tempfile::TempDir::new().unwrap();
-    let address = format!("127.0.0.1:{}", free_port());
-    let broker = tokio::task::spawn_blocking({
-        let (dir, address) = (dir.path().to_path_buf(), address.clone());
-        move || Broker::start(&dir, &address, &[])
-    })
-    .await
-    .unwrap();
-    (dir, broker, address)
-}
 
 async fn raw(address: &str) -> KeelClient<Channel> {
     let channel = Channel::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
@@ -74,7 +62,7 @@ async fn consume(consumer: &mut Consumer, want: usize) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groups_live_through_deleted_and_re_created_topics() {
-    let (_dir, _broker, address) = start().await;
+    let (_dir, _broker, address) = one_broker().await;
     let client = client(&address);
     create(&client, "kept", 1).await;
     create(&client, "dropped", 1).await;
@@ -104,7 +92,7 @@ async fn groups_live_through_deleted_and_re_created_topics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replies_keep_to_the_servers_byte_budget() {
-    let (_dir, _broker, address) = start().await;
+    let (_dir, _broker, address) = one_broker().await;
     let client = client(&address);
     create(&client, "big", 1).await;
     // 20 records of 1 MiB.
@@ -149,7 +137,7 @@ async fn replies_keep_to_the_servers_byte_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_the_partition_forgot_recovers_with_a_new_id() {
-    let (_dir, _broker, address) = start().await;
+    let (_dir, _broker, address) = one_broker().await;
     let client = client(&address);
     create(&client, "t", 1).await;
     let mut producer = Producer::new(client.clone(), 0).await.unwrap();
@@ -185,7 +173,7 @@ async fn a_producer_the_partition_forgot_recovers_with_a_new_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_poll_on_a_deleted_topic_is_told_not_found() {
-    let (_dir, _broker, address) = start().await;
+    let (_dir, _broker, address) = one_broker().await;
     let client = client(&address);
     create(&client, "doomed", 1).await;
     let mut c = raw(&address).await;
@@ -223,7 +211,7 @@ async fn a_long_poll_on_a_deleted_topic_is_told_not_found() {
 async fn a_forged_raft_message_cannot_reach_or_break_a_broker() {
     use keel_proto::raft::raft_transport_client::RaftTransportClient;
     use keel_proto::raft::RaftRequest;
-    let (dir, broker, address) = start().await;
+    let (dir, broker, address) = one_broker().await;
     let cluster_id = client(&address).describe_cluster().await.unwrap().cluster_id;
     let secret = std::fs::read_to_string(dir.path().join("keel-data").join("cluster-secret")).unwrap();
     let last = openraft::LogId::new(openraft::CommittedLeaderId::new(u64::MAX, 9), u64::MAX / 2);
@@ -298,7 +286,7 @@ fn a_broker_that_cannot_listen_or_open_its_data_says_why_and_exits() {
 /// incarnation yet asks the client to retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_land_only_in_the_topic_incarnation_they_name() {
-    let (_dir, _broker, address) = start().await;
+    let (_dir, _broker, address) = one_broker().await;
     let client = client(&address);
     create(&client, "t", 1).await;
     let old = client.describe_topic_fresh("t").await.unwrap().id;
