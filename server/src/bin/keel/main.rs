@@ -14,6 +14,8 @@ use keel_server::node::{Node, NodeConfig};
 use keel_server::storage::NodeStore;
 use serde::Deserialize;
 
+mod bench;
+
 #[derive(Parser)]
 #[command(
     name = "keel",
@@ -46,6 +48,9 @@ enum Command {
     /// Show the brokers and the metadata leader.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Measure a cluster: produce or consume load, with rates and latency.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 #[derive(Args, Default, Deserialize)]
@@ -98,7 +103,7 @@ struct ServeArgs {
 }
 
 #[derive(Args)]
-struct Connection {
+pub(crate) struct Connection {
     /// Brokers of the cluster (host:port, comma-separated); the others are
     /// discovered.
     #[arg(long, env = "KEEL_BROKER", default_value = "127.0.0.1:7070", global = true, value_delimiter = ',')]
@@ -263,6 +268,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Produce(args) => produce(args).await,
         Command::Read(args) => read(args).await,
         Command::Consume(args) => consume(args).await,
+        Command::Bench(command) => bench::run(command).await,
         Command::Group(command) => group(command).await,
         Command::Cluster(ClusterCommand::Drain { id, timeout_secs, connection }) => {
             drain(id, std::time::Duration::from_secs(timeout_secs), &connection).await

@@ -1,0 +1,403 @@
+//! `keel bench produce|consume`: load against any running cluster, like
+//! `kafka-producer-perf-test` and `nats bench`.
+//!
+//! Produce keeps a window of requests in flight per producer (each producer
+//! has its own connections) and reports records and bytes per second and
+//! the latency of each request from send to acknowledgement. Consume drains
+//! a topic with the members of one consumer group and reports how fast.
+//! Figures count only what completes after the warm-up.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use keel_client::{pb, Client, Consumer, RetryPolicy};
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::Connection;
+
+/// Most requests one producer keeps in flight.
+const IN_FLIGHT_MAX: u32 = 65_536;
+/// Most records one Produce request carries (the broker's default limit).
+const RECORDS_PER_REQUEST_MAX: u32 = 10_000;
+/// Longest latency the histograms record, in microseconds (an hour).
+const LATENCY_MAX_MICROS: u64 = 3_600_000_000;
+
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Produce fixed-size records as fast as the in-flight window allows;
+    /// print records/s, MB/s and request latency (p50, p99, p99.9, max).
+    ///
+    /// Example: keel bench produce --partitions 3 --replication-factor 3
+    /// --in-flight 256 --duration 20s
+    Produce(ProduceBench),
+    /// Drain a topic with the members of one consumer group; print
+    /// records/s and MB/s.
+    ///
+    /// Example: keel bench consume --group drain --members 3 --count 1000000
+    Consume(ConsumeBench),
+}
+
+#[derive(Args)]
+pub struct ProduceBench {
+    /// The topic; created with --partitions and --replication-factor if it
+    /// does not exist.
+    #[arg(default_value = "keel-bench")]
+    topic: String,
+    /// Bytes of each record's value.
+    #[arg(long, default_value_t = 1024)]
+    record_size: usize,
+    /// Stop after this many records (after the warm-up) instead of after
+    /// --duration.
+    #[arg(long)]
+    count: Option<u64>,
+    /// How long to measure, after the warm-up (e.g. 10s, 1m).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Load that is sent but not counted, first.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Partitions of a topic the bench creates.
+    #[arg(long, default_value_t = 1)]
+    partitions: u32,
+    /// Replication factor of a topic the bench creates.
+    #[arg(long, default_value_t = 1)]
+    replication_factor: u32,
+    /// Producers, each with its own connections and window.
+    #[arg(long, default_value_t = 1)]
+    producers: u32,
+    /// Requests each producer keeps in flight.
+    #[arg(long, default_value_t = 1)]
+    in_flight: u32,
+    /// Records per Produce request.
+    #[arg(long, default_value_t = 1)]
+    records_per_request: u32,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+#[derive(Args)]
+pub struct ConsumeBench {
+    /// The topic to drain (fill it with `keel bench produce` first).
+    #[arg(default_value = "keel-bench")]
+    topic: String,
+    /// The consumer group; a fresh name starts from the log start.
+    #[arg(long, default_value = "keel-bench")]
+    group: String,
+    /// Members of the group, each with its own connections.
+    #[arg(long, default_value_t = 1)]
+    members: u32,
+    /// Stop after this many records.
+    #[arg(long, default_value_t = 1_000_000)]
+    count: u64,
+    /// Give up after this long without a record.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
+    /// Records asked for per poll.
+    #[arg(long, default_value_t = 500)]
+    max_records: u32,
+    #[command(flatten)]
+    connection: Connection,
+}
+
+/// What a bench measured.
+#[derive(Debug, Serialize)]
+struct Report {
+    bench: &'static str,
+    records: u64,
+    bytes: u64,
+    seconds: f64,
+    records_per_sec: f64,
+    mb_per_sec: f64,
+    /// Request latency in milliseconds (produce only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    latency_ms: Option<Latency>,
+    errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    first_error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct Latency {
+    p50: f64,
+    p99: f64,
+    p99_9: f64,
+    max: f64,
+}
+
+impl Report {
+    fn print(&self, json: bool) {
+        if json {
+            println!("{}", serde_json::to_string(self).expect("a report serialises"));
+            return;
+        }
+        println!(
+            "{}: {} records in {:.2} s: {:.0} records/s, {:.1} MB/s",
+            self.bench, self.records, self.seconds, self.records_per_sec, self.mb_per_sec
+        );
+        if let Some(latency) = &self.latency_ms {
+            println!(
+                "latency per request (ms): p50 {:.2}, p99 {:.2}, p99.9 {:.2}, max {:.2}",
+                latency.p50, latency.p99, latency.p99_9, latency.max
+            );
+        }
+        if self.errors > 0 {
+            println!("errors: {} (first: {})", self.errors, self.first_error.as_deref().unwrap_or(""));
+        }
+    }
+}
+
+/// A live rate line on stderr (drawn only on a terminal).
+fn progress(what: &'static str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+    bar.set_style(ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("a valid template"));
+    bar.set_message(format!("{what}: warming up"));
+    bar
+}
+
+/// Show the rate of `done` about once a second until `stop`.
+async fn show_rate(bar: ProgressBar, what: &'static str, done: Arc<AtomicU64>, stop: Arc<AtomicBool>) {
+    let mut last = (Instant::now(), done.load(Ordering::Relaxed));
+    while !stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = (Instant::now(), done.load(Ordering::Relaxed));
+        let rate = (now.1 - last.1) as f64 / (now.0 - last.0).as_secs_f64();
+        bar.set_message(format!("{what}: {} records, {rate:.0} records/s", now.1));
+        bar.tick();
+        last = now;
+    }
+    bar.finish_and_clear();
+}
+
+pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Produce(args) => produce(args).await,
+        BenchCommand::Consume(args) => consume(args).await,
+    }
+}
+
+/// The shared tallies of a produce run.
+#[derive(Default)]
+struct Tally {
+    /// Records acknowledged after the warm-up.
+    records: AtomicU64,
+    /// Records acknowledged in all (the progress line).
+    all_records: Arc<AtomicU64>,
+    errors: AtomicU64,
+    first_error: std::sync::Mutex<Option<String>>,
+    /// When the last counted acknowledgement arrived.
+    last_ack: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Tally {
+    fn error(&self, error: impl std::fmt::Display) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        self.first_error.lock().expect("first error").get_or_insert_with(|| error.to_string());
+    }
+}
+
+async fn produce(args: ProduceBench) -> anyhow::Result<()> {
+    anyhow::ensure!(args.record_size > 0, "--record-size must be at least 1");
+    anyhow::ensure!((1..=IN_FLIGHT_MAX).contains(&args.in_flight), "--in-flight must be 1 to {IN_FLIGHT_MAX}");
+    anyhow::ensure!(
+        (1..=RECORDS_PER_REQUEST_MAX).contains(&args.records_per_request),
+        "--records-per-request must be 1 to {RECORDS_PER_REQUEST_MAX}"
+    );
+    anyhow::ensure!(args.producers >= 1, "--producers must be at least 1");
+    let admin = Client::new(args.connection.broker.clone(), RetryPolicy::default())?;
+    let topic = ensure_topic(&admin, &args.topic, args.partitions, args.replication_factor).await?;
+    let partitions = topic.partitions.len() as u32;
+    let record = pb::Record { value: vec![b'k'; args.record_size], ..Default::default() };
+    let request = pb::ProduceRequest {
+        topic: args.topic.clone(),
+        partition: 0,
+        records: vec![record; args.records_per_request as usize],
+        idempotent: false,
+        producer_id: 0,
+        sequence: 0,
+        topic_id: Some(topic.id),
+    };
+
+    let tally = Arc::new(Tally::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let measuring_from = started + args.warmup;
+    let shown = tokio::spawn(show_rate(progress("produce"), "produce", tally.all_records.clone(), stop.clone()));
+    let mut slots = Vec::new();
+    for producer in 0..args.producers {
+        let client = Client::new(args.connection.broker.clone(), RetryPolicy::default())?;
+        for slot in 0..args.in_flight {
+            let (client, request, tally, stop) = (client.clone(), request.clone(), tally.clone(), stop.clone());
+            let first_partition = (producer * args.in_flight + slot) % partitions;
+            slots.push(tokio::spawn(async move {
+                let mut latencies = Histogram::<u64>::new_with_max(LATENCY_MAX_MICROS, 3).expect("histogram bounds");
+                let mut partition = first_partition;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut request = request.clone();
+                    request.partition = partition;
+                    partition = (partition + 1) % partitions;
+                    let sent = Instant::now();
+                    let count = request.records.len() as u64;
+                    match client.produce(request).await {
+                        Ok(_) => {
+                            let acked = Instant::now();
+                            tally.all_records.fetch_add(count, Ordering::Relaxed);
+                            if sent >= measuring_from {
+                                let micros = (acked - sent).as_micros() as u64;
+                                latencies.saturating_record(micros.max(1));
+                                tally.records.fetch_add(count, Ordering::Relaxed);
+                                *tally.last_ack.lock().expect("last ack") = Some(acked);
+                            }
+                        }
+                        Err(error) => tally.error(error),
+                    }
+                }
+                latencies
+            }));
+        }
+    }
+    tokio::time::sleep_until(measuring_from).await;
+    match args.count {
+        Some(count) => {
+            while tally.records.load(Ordering::Relaxed) < count {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        None => tokio::time::sleep(args.duration).await,
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = Histogram::<u64>::new_with_max(LATENCY_MAX_MICROS, 3).expect("histogram bounds");
+    for slot in slots {
+        latencies.add(slot.await.context("a produce task failed")?).expect("histograms of equal bounds");
+    }
+    let _ = shown.await;
+    let records = tally.records.load(Ordering::Relaxed);
+    let ended = tally.last_ack.lock().expect("last ack").unwrap_or(measuring_from);
+    let seconds = (ended.max(measuring_from) - measuring_from).as_secs_f64().max(1e-9);
+    let bytes = records * args.record_size as u64;
+    let millis = |micros: u64| micros as f64 / 1000.0;
+    let report = Report {
+        bench: "produce",
+        records,
+        bytes,
+        seconds,
+        records_per_sec: records as f64 / seconds,
+        mb_per_sec: bytes as f64 / seconds / 1e6,
+        latency_ms: (!latencies.is_empty()).then(|| Latency {
+            p50: millis(latencies.value_at_quantile(0.50)),
+            p99: millis(latencies.value_at_quantile(0.99)),
+            p99_9: millis(latencies.value_at_quantile(0.999)),
+            max: millis(latencies.max()),
+        }),
+        errors: tally.errors.load(Ordering::Relaxed),
+        first_error: tally.first_error.lock().expect("first error").clone(),
+    };
+    report.print(args.connection.json);
+    Ok(())
+}
+
+/// The topic, created with this shape if it does not exist yet.
+async fn ensure_topic(
+    client: &Client,
+    topic: &str,
+    partitions: u32,
+    replication_factor: u32,
+) -> anyhow::Result<pb::TopicDescription> {
+    if let Ok(existing) = client.describe_topic_fresh(topic).await {
+        return Ok(existing);
+    }
+    let request =
+        pb::CreateTopicRequest { topic: topic.to_string(), partitions, replication_factor, ..Default::default() };
+    client.create_topic(request).await.with_context(|| format!("could not create topic {topic}"))?;
+    // Wait until every partition has a leader that takes writes.
+    let described = client.describe_topic_fresh(topic).await?;
+    Ok(described)
+}
+
+async fn consume(args: ConsumeBench) -> anyhow::Result<()> {
+    anyhow::ensure!(args.members >= 1, "--members must be at least 1");
+    let consumed = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut members = Vec::new();
+    for index in 0..args.members {
+        let client = Client::new(args.connection.broker.clone(), RetryPolicy::default())?;
+        let member = format!("keel-bench-{}-{index}", std::process::id());
+        let consumer = Consumer::join(client, &args.group, &member, vec![args.topic.clone()], 10_000)
+            .await
+            .with_context(|| format!("member {member} could not join group {}", args.group))?;
+        members.push(consumer);
+    }
+    let started = Instant::now();
+    let bar = progress("consume");
+    let shown = tokio::spawn(show_rate(bar, "consume", consumed.clone(), stop.clone()));
+    let mut tasks = Vec::new();
+    for mut consumer in members {
+        let (consumed, bytes, stop) = (consumed.clone(), bytes.clone(), stop.clone());
+        let (count, idle_timeout, max_records) = (args.count, args.idle_timeout, args.max_records);
+        tasks.push(tokio::spawn(async move {
+            let mut idle_since = Instant::now();
+            let mut outcome = Ok(());
+            while !stop.load(Ordering::Relaxed) && consumed.load(Ordering::Relaxed) < count {
+                if idle_since.elapsed() >= idle_timeout {
+                    outcome = Err(anyhow::anyhow!("no record for {}", humantime::format_duration(idle_timeout)));
+                    break;
+                }
+                let deliveries = match consumer.poll(max_records, Duration::from_millis(500)).await {
+                    Ok(deliveries) => deliveries,
+                    Err(error) => {
+                        outcome = Err(error.into());
+                        break;
+                    }
+                };
+                if deliveries.is_empty() {
+                    continue;
+                }
+                idle_since = Instant::now();
+                let mut last = std::collections::BTreeMap::new();
+                for delivery in &deliveries {
+                    let size = delivery.record.record.as_ref().map_or(0, |r| r.value.len());
+                    bytes.fetch_add(size as u64, Ordering::Relaxed);
+                    last.insert((delivery.topic.clone(), delivery.partition), delivery.record.offset);
+                }
+                consumed.fetch_add(deliveries.len() as u64, Ordering::Relaxed);
+                for ((topic, partition), offset) in last {
+                    if let Err(error) = consumer.ack(&topic, partition, offset).await {
+                        outcome = Err(error.into());
+                    }
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            let _ = consumer.leave().await;
+            outcome
+        }));
+    }
+    let mut first_error = None;
+    for task in tasks {
+        if let Err(error) = task.await.context("a consume task failed")? {
+            first_error.get_or_insert(format!("{error:#}"));
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let _ = shown.await;
+    let (records, bytes) = (consumed.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed));
+    let report = Report {
+        bench: "consume",
+        records,
+        bytes,
+        seconds,
+        records_per_sec: records as f64 / seconds,
+        mb_per_sec: bytes as f64 / seconds / 1e6,
+        latency_ms: None,
+        errors: u64::from(first_error.is_some()),
+        first_error,
+    };
+    report.print(args.connection.json);
+    Ok(())
+}
