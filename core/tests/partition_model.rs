@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use keel_core::metadata::RetentionPolicy;
 use keel_core::partition::{
-    MemoryLog, PartitionCommand, PartitionOutcome, PartitionRejection, PartitionState, ProducerBatch,
+    AppendBatch, MemoryLog, PartitionCommand, PartitionOutcome, PartitionRejection, PartitionState, ProducerBatch,
 };
 use keel_core::record::{Header, Record};
 use keel_core::{Generation, GroupName, Limits, Offset, ProducerId, Sequence, TimestampMs};
@@ -52,13 +52,40 @@ pub enum OffsetChoice {
     Raw(u64),
 }
 
+/// One batch of an `AppendBatches` step: its producer and records.
+pub type BatchStep = (Option<(u64, SequenceChoice)>, Vec<Record>);
+
 #[derive(Debug, Clone)]
 pub enum Step {
-    Append { producer: Option<(u64, SequenceChoice)>, records: Vec<Record> },
-    Claim { group: &'static str, member: &'static str, generation: u64, member_epoch: u64 },
-    Commit { group: &'static str, member: &'static str, generation: u64, member_epoch: u64, offset: OffsetChoice },
-    Reset { group: &'static str, position: OffsetChoice },
-    Retention { max_age_ms: Option<u64>, max_bytes: Option<u64> },
+    Append {
+        producer: Option<(u64, SequenceChoice)>,
+        records: Vec<Record>,
+    },
+    /// Several appends in one entry (sequences resolved before any applies).
+    AppendBatches {
+        batches: Vec<BatchStep>,
+    },
+    Claim {
+        group: &'static str,
+        member: &'static str,
+        generation: u64,
+        member_epoch: u64,
+    },
+    Commit {
+        group: &'static str,
+        member: &'static str,
+        generation: u64,
+        member_epoch: u64,
+        offset: OffsetChoice,
+    },
+    Reset {
+        group: &'static str,
+        position: OffsetChoice,
+    },
+    Retention {
+        max_age_ms: Option<u64>,
+        max_bytes: Option<u64>,
+    },
 }
 
 fn record() -> impl Strategy<Value = Record> {
@@ -84,7 +111,8 @@ fn step() -> impl Strategy<Value = Step> {
     let group = proptest::sample::select(&GROUPS[..]);
     let member = proptest::sample::select(&MEMBERS[..]);
     prop_oneof![
-        8 => (proptest::option::of((1u64..5, sequence)), proptest::collection::vec(record(), 0..6)).prop_map(|(producer, records)| Step::Append { producer, records }),
+        8 => (proptest::option::of((1u64..5, sequence.clone())), proptest::collection::vec(record(), 0..6)).prop_map(|(producer, records)| Step::Append { producer, records }),
+        3 => proptest::collection::vec((proptest::option::of((1u64..5, sequence)), proptest::collection::vec(record(), 0..4)), 0..4).prop_map(|batches| Step::AppendBatches { batches }),
         3 => (group.clone(), member.clone(), 0u64..4, 1u64..3).prop_map(|(group, member, generation, member_epoch)| Step::Claim { group, member, generation, member_epoch }),
         5 => (group.clone(), member, 0u64..4, 1u64..3, offset.clone()).prop_map(|(group, member, generation, member_epoch, offset)| Step::Commit { group, member, generation, member_epoch, offset }),
         1 => (group, offset).prop_map(|(group, position)| Step::Reset { group, position }),
@@ -167,6 +195,13 @@ impl Model {
     fn apply(&mut self, at: u64, command: &PartitionCommand) -> Result<PartitionOutcome, PartitionRejection> {
         match command {
             PartitionCommand::Append { producer, records } => self.append(at, *producer, records),
+            PartitionCommand::AppendBatches { batches } => {
+                if batches.is_empty() {
+                    return Err(PartitionRejection::EmptyBatch);
+                }
+                let results = batches.iter().map(|b| self.append(at, b.producer, &b.records)).collect();
+                Ok(PartitionOutcome::AppendedBatches { results })
+            }
             PartitionCommand::Claim { group, member, generation, member_epoch } => {
                 let name = GroupName::new(group.as_str())?;
                 keel_core::MemberId::new(member.as_str())?;
@@ -386,6 +421,18 @@ pub fn check_steps((steps, reads): Inputs) -> Result<(), TestCaseError> {
                     sequence: Sequence(model.resolve_sequence(p, &choice)),
                 }),
                 records,
+            },
+            Step::AppendBatches { batches } => PartitionCommand::AppendBatches {
+                batches: batches
+                    .into_iter()
+                    .map(|(producer, records)| AppendBatch {
+                        producer: producer.map(|(p, choice)| ProducerBatch {
+                            producer: ProducerId(p),
+                            sequence: Sequence(model.resolve_sequence(p, &choice)),
+                        }),
+                        records,
+                    })
+                    .collect(),
             },
             Step::Claim { group, member, generation, member_epoch } => PartitionCommand::Claim {
                 group: group.into(),

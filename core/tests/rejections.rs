@@ -3,7 +3,9 @@
 
 use keel_core::assignor::AssignorKind;
 use keel_core::metadata::{MetadataCommand, MetadataRejection, MetadataState, RetentionPolicy};
-use keel_core::partition::{MemoryLog, PartitionCommand, PartitionRejection, PartitionState, ProducerBatch};
+use keel_core::partition::{
+    AppendBatch, MemoryLog, PartitionCommand, PartitionRejection, PartitionState, ProducerBatch, APPEND_BATCHES_MAX,
+};
 use keel_core::placement::PlacementError;
 use keel_core::record::{Record, RecordError};
 use keel_core::{BrokerId, Generation, Limits, Offset, PartitionIndex, ProducerId, Sequence, TimestampMs};
@@ -343,6 +345,49 @@ fn partition_rejections() {
     }
     let old = state.apply(&mut log, TimestampMs(1), &append(Some((1, 0)), &[b"x"])).unwrap();
     assert_eq!(old, Err(PartitionRejection::SequenceTooOld { producer: ProducerId(1), got: Sequence(0) }));
+}
+
+fn batch(producer: Option<(u64, u64)>, values: &[&[u8]]) -> AppendBatch {
+    let PartitionCommand::Append { producer, records } = append(producer, values) else { unreachable!() };
+    AppendBatch { producer, records }
+}
+
+#[test]
+fn an_entry_of_batches_gives_each_batch_its_own_outcome() {
+    use keel_core::partition::PartitionOutcome::{Appended, AppendedBatches};
+    let (mut state, mut log) = partition();
+    let (applied, rejected) = state.command_counts();
+    let batches = vec![
+        batch(Some((1, 1)), &[b"three"]),
+        // Refused alone: the batches around it still apply.
+        batch(None, &[b"a", b"b", b"c"]),
+        batch(Some((1, 3)), &[b"x"]),
+        // A retry of the first batch inside the same entry.
+        batch(Some((1, 1)), &[b"three"]),
+        batch(Some((1, 2)), &[b"four", b"five"]),
+        batch(None, &[b"six"]),
+    ];
+    let outcome = state.apply(&mut log, TimestampMs(2), &PartitionCommand::AppendBatches { batches }).unwrap();
+    let results = vec![
+        Ok(Appended { base_offset: Offset(2), count: 1, duplicate: false }),
+        Err(PartitionRejection::TooManyRecords { count: 3, max: 2 }),
+        Err(PartitionRejection::SequenceGap { producer: ProducerId(1), expected: Sequence(2), got: Sequence(3) }),
+        Ok(Appended { base_offset: Offset(2), count: 1, duplicate: true }),
+        Ok(Appended { base_offset: Offset(3), count: 2, duplicate: false }),
+        Ok(Appended { base_offset: Offset(5), count: 1, duplicate: false }),
+    ];
+    assert_eq!(outcome, Ok(AppendedBatches { results }));
+    assert_eq!(state.high_watermark(), Offset(6));
+    // Each batch counts as a command of its own.
+    assert_eq!(state.command_counts(), (applied + 4, rejected + 2));
+    state.check_invariants(&log).unwrap();
+
+    assert_eq!(partition_rejected(PartitionCommand::AppendBatches { batches: vec![] }), PartitionRejection::EmptyBatch);
+    let too_many = vec![batch(None, &[b"x"]); APPEND_BATCHES_MAX + 1];
+    assert_eq!(
+        partition_rejected(PartitionCommand::AppendBatches { batches: too_many }),
+        PartitionRejection::TooManyBatches { count: APPEND_BATCHES_MAX as u64 + 1, max: APPEND_BATCHES_MAX as u64 }
+    );
 }
 
 #[test]

@@ -67,6 +67,8 @@ pub struct Metrics {
     produced_bytes: Counter,
     polled_records: Counter,
     acks: Counter,
+    append_entries: Counter,
+    append_batches: Counter,
     raft_leader: Family<GroupLabels, Gauge>,
     raft_term: Family<GroupLabels, Gauge>,
     raft_last_log_index: Family<GroupLabels, Gauge>,
@@ -92,6 +94,8 @@ impl Metrics {
             produced_bytes: Counter::default(),
             polled_records: Counter::default(),
             acks: Counter::default(),
+            append_entries: Counter::default(),
+            append_batches: Counter::default(),
             raft_leader: Family::default(),
             raft_term: Family::default(),
             raft_last_log_index: Family::default(),
@@ -111,6 +115,16 @@ impl Metrics {
         );
         registry.register("polled_records", "Records handed to consumers by polls", metrics.polled_records.clone());
         registry.register("acks", "Consumer acknowledgements committed", metrics.acks.clone());
+        registry.register(
+            "append_entries",
+            "Raft entries proposed by this leader for produce requests (each carries one or more batches)",
+            metrics.append_entries.clone(),
+        );
+        registry.register(
+            "append_batches",
+            "Produce batches proposed by this leader, gathered into keel_append_entries_total entries",
+            metrics.append_batches.clone(),
+        );
         registry.register("raft_leader", "1 if this broker leads the Raft group", metrics.raft_leader.clone());
         registry.register("raft_term", "The Raft group's current term on this broker", metrics.raft_term.clone());
         registry.register("raft_last_log_index", "Last log index on this replica", metrics.raft_last_log_index.clone());
@@ -146,6 +160,17 @@ impl Metrics {
     pub fn produced(&self, records: u64, bytes: u64) {
         self.produced_records.inc_by(records);
         self.produced_bytes.inc_by(bytes);
+    }
+
+    /// One Raft entry carrying `batches` produce batches was proposed.
+    pub fn append_entry(&self, batches: u64) {
+        self.append_entries.inc();
+        self.append_batches.inc_by(batches);
+    }
+
+    /// Raft entries and produce batches proposed so far (for tests).
+    pub fn append_counts(&self) -> (u64, u64) {
+        (self.append_entries.get(), self.append_batches.get())
     }
 
     pub fn polled(&self, records: u64) {

@@ -23,6 +23,7 @@ use keel_core::partition::PartitionState;
 use keel_core::{BrokerId, Generation, GroupName, Limits, MemberId, TopicPartition};
 use keel_proto::raft::raft_transport_server::RaftTransportServer;
 use keel_proto::v1::keel_server::KeelServer;
+use openraft::error::RaftError;
 use openraft::BasicNode;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -34,10 +35,12 @@ use crate::raft::network::{
     ClusterIdentity, GroupDirectory, GroupNetwork, JoinFuture, JoinRequest, MoveSettledReport, Peers, TransportService,
     RAFT_MESSAGE_BYTES_MAX,
 };
-use crate::raft::types::{Command, NodeId, Raft, Request, Response};
+use crate::raft::types::{Command, NodeId, Raft, Request, Response, TypeConfig};
 use crate::storage::{GroupState, GroupStateMachine, LogStore, NodeStore, StoreError};
 
+mod append;
 mod membership;
+pub use append::{ENTRIES_IN_FLIGHT_MAX, ENTRY_BATCHES_MAX, ENTRY_BYTES_MAX};
 pub use membership::MembershipError;
 
 /// Largest reply of the public API.
@@ -190,6 +193,13 @@ pub struct Cursor {
     pub member_epoch: u64,
 }
 
+/// A command handed to Raft, its answer still to come.
+struct Submitted {
+    group: GroupId,
+    reply:
+        <openraft::impls::OneshotResponder<TypeConfig> as openraft::raft::responder::Responder<TypeConfig>>::Receiver,
+}
+
 /// A partition group as the metadata places it.
 struct PlacedGroup {
     /// Whether this replica initialises the group (with `members`) if its
@@ -225,6 +235,8 @@ struct NodeInner {
     /// Partition groups whose leader (this broker) is changing their
     /// membership to follow a move.
     membership_changes: Mutex<BTreeSet<GroupId>>,
+    /// Produce requests waiting to share a Raft entry, per partition group.
+    lanes: append::Lanes,
     metrics: crate::metrics::Metrics,
     /// Tells the servers to stop (one waiter each: the client API server and
     /// the internal one).
@@ -304,6 +316,7 @@ impl Node {
             was_metadata_leader: Mutex::new(false),
             cursors: Mutex::new(BTreeMap::new()),
             membership_changes: Mutex::new(BTreeSet::new()),
+            lanes: append::Lanes::default(),
             metrics: crate::metrics::Metrics::new(),
             stop_servers: [Arc::new(Notify::new()), Arc::new(Notify::new())],
             servers: Mutex::new(Vec::new()),
@@ -587,20 +600,42 @@ impl Node {
     /// Propose a command to a group this broker leads; the leader stamps its
     /// own time on it. Returns the applied outcome.
     pub async fn propose(&self, group: &GroupId, command: Command) -> Result<Response, ProposeError> {
+        let submitted = self.submit(group, command).await?;
+        self.outcome(submitted).await
+    }
+
+    /// Hand a command to a group's Raft (stamped with the leader's time)
+    /// without waiting for it: commands submitted one after another enter
+    /// the log in that order.
+    async fn submit(&self, group: &GroupId, command: Command) -> Result<Submitted, ProposeError> {
         let raft = self.raft(group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
         let request = Request { at: self.inner.clock.now(), command };
-        match raft.client_write(request).await {
-            Ok(written) => Ok(written.data),
-            // Raft knows the leader's internal address; clients need its
-            // client address, from the metadata.
-            Err(error) => Err(match membership::write_error(group, error) {
-                ProposeError::NotLeader { group, leader: Some(leader), .. } => ProposeError::NotLeader {
-                    group,
-                    leader: Some(leader),
-                    address: self.metadata().brokers().get(&BrokerId(leader)).map(|b| b.address.clone()),
-                },
-                other => other,
-            }),
+        match raft.client_write_ff(request).await {
+            Ok(reply) => Ok(Submitted { group: group.clone(), reply }),
+            Err(fatal) => Err(self.leader_address(membership::write_error(group, RaftError::Fatal(fatal)))),
+        }
+    }
+
+    /// Wait for a submitted command's applied outcome.
+    async fn outcome(&self, submitted: Submitted) -> Result<Response, ProposeError> {
+        let Submitted { group, reply } = submitted;
+        match reply.await {
+            Ok(Ok(written)) => Ok(written.data),
+            Ok(Err(error)) => Err(self.leader_address(membership::write_error(&group, RaftError::APIError(error)))),
+            Err(_) => Err(ProposeError::Raft { group, reason: "the group stopped before answering".into() }),
+        }
+    }
+
+    /// Raft knows the leader's internal address; clients need its client
+    /// address, from the metadata.
+    fn leader_address(&self, error: ProposeError) -> ProposeError {
+        match error {
+            ProposeError::NotLeader { group, leader: Some(leader), .. } => ProposeError::NotLeader {
+                group,
+                leader: Some(leader),
+                address: self.metadata().brokers().get(&BrokerId(leader)).map(|b| b.address.clone()),
+            },
+            other => other,
         }
     }
 

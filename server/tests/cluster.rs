@@ -184,3 +184,70 @@ async fn a_lagging_broker_catches_up_by_snapshot() {
     assert_eq!(values(&cluster, 3, &partition), (0..60).map(big).collect::<Vec<_>>());
     cluster.shutdown().await;
 }
+
+/// Concurrent produce requests to one leader share Raft entries, and each
+/// keeps its own outcome: its own offsets, its own rejection, its own
+/// idempotent sequence check (a retry sent beside its original is answered
+/// with the original's offsets).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_appends_share_entries_and_keep_their_own_outcomes() {
+    use keel_core::partition::{AppendBatch, PartitionRejection};
+    let dir = TempDir::new().unwrap();
+    let (mut cluster, partition, group) = cluster_with_topic(&dir, "burst", |_| {}).await;
+    // Make sure a leader is elected, then send everything to it at once.
+    cluster.propose(&group, append(1, 0, "first"), DEADLINE).await.unwrap();
+    let leader = cluster
+        .live()
+        .find(|n| n.raft(&group).unwrap().metrics().borrow().current_leader == Some(n.id()))
+        .expect("a leader")
+        .clone();
+    let (entries_before, _) = leader.metrics().append_counts();
+    let batch = |producer: Option<(u64, u64)>, values: Vec<&str>| AppendBatch {
+        producer: producer.map(|(p, s)| ProducerBatch { producer: ProducerId(p), sequence: Sequence(s) }),
+        records: values.into_iter().map(|v| Record::from_value(v.as_bytes().to_vec())).collect(),
+    };
+    let mut requests = Vec::new();
+    for producer in 100..200u64 {
+        // The original and a retry of it, in flight together.
+        requests.push(batch(Some((producer, 0)), vec!["x"]));
+        requests.push(batch(Some((producer, 0)), vec!["x"]));
+        requests.push(batch(None, vec![]));
+        requests.push(batch(None, vec!["a", "b"]));
+    }
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|request| {
+            let (leader, group) = (leader.clone(), group.clone());
+            tokio::spawn(async move { leader.append(&group, request).await })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap().expect("the leader stays the leader"));
+    }
+    let mut taken = std::collections::BTreeSet::new();
+    for (index, chunk) in results.chunks(4).enumerate() {
+        let appended = |result: &keel_core::partition::PartitionResult| match result {
+            Ok(PartitionOutcome::Appended { base_offset, count, duplicate }) => (*base_offset, *count, *duplicate),
+            other => panic!("request {index}: {other:?}"),
+        };
+        let (original, retry) = (appended(&chunk[0]), appended(&chunk[1]));
+        assert_eq!((original.0, original.1), (retry.0, retry.1), "a retry gets its original's offsets");
+        assert!(original.2 != retry.2, "exactly one of the pair is the duplicate: {original:?} {retry:?}");
+        assert_eq!(chunk[2], Err(PartitionRejection::EmptyBatch));
+        let plain = appended(&chunk[3]);
+        assert_eq!((plain.1, plain.2), (2, false));
+        for (base, count) in [(original.0, original.1), (plain.0, plain.1)] {
+            for offset in base.0..base.0 + u64::from(count) {
+                assert!(taken.insert(offset), "offset {offset} handed out twice");
+            }
+        }
+    }
+    // Every offset after the first record, each once.
+    assert_eq!(taken, (1..1 + 300).collect());
+    let (entries_after, _) = leader.metrics().append_counts();
+    assert!(entries_after - entries_before < 400, "400 requests in {} entries", entries_after - entries_before);
+    let high_watermark = leader.partition(&partition).unwrap().high_watermark();
+    assert_eq!(high_watermark, Offset(301));
+    cluster.shutdown().await;
+}

@@ -15,11 +15,25 @@ pub struct ProducerBatch {
     pub sequence: Sequence,
 }
 
+/// One producer's batch inside an [`PartitionCommand::AppendBatches`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppendBatch {
+    pub producer: Option<ProducerBatch>,
+    pub records: Vec<Record>,
+}
+
+/// Most batches one [`PartitionCommand::AppendBatches`] carries.
+pub const APPEND_BATCHES_MAX: usize = 4096;
+
 /// A change to one partition. The leader stamps each with its own time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PartitionCommand {
     /// Append a batch of records, idempotently if `producer` is set.
     Append { producer: Option<ProducerBatch>, records: Vec<Record> },
+    /// Append several batches, each exactly as an `Append` of its own, in
+    /// order: the leader gathers concurrent produce requests into one Raft
+    /// entry. Each batch has its own outcome, rejection and sequence check.
+    AppendBatches { batches: Vec<AppendBatch> },
     /// Claim the partition for a group's member in a generation (G5), as
     /// the member joined with `member_epoch`: from then on, commits from
     /// older generations, and from older joins of the same member id, are
@@ -44,6 +58,10 @@ pub enum PartitionOutcome {
         base_offset: Offset,
         count: u32,
         duplicate: bool,
+    },
+    /// The outcome of each batch of an `AppendBatches`, in order.
+    AppendedBatches {
+        results: Vec<PartitionResult>,
     },
     /// The claim holds; the member reads from `position`.
     Claimed {
@@ -77,6 +95,8 @@ pub enum PartitionRejection {
     TooManyRecords { count: u64, max: u32 },
     #[error("the batch is {bytes} bytes; the limit is {max}: split it")]
     BatchTooLarge { bytes: u64, max: u32 },
+    #[error("the entry carries {count} batches; the limit is {max}")]
+    TooManyBatches { count: u64, max: u64 },
     #[error("record {index} of the batch: {error}")]
     InvalidRecord { index: u32, error: RecordError },
     #[error("producer {producer} sent sequence {got} but {expected} was next: resend the missing batches in order")]

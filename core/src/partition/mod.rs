@@ -14,7 +14,10 @@ mod log;
 mod producer;
 mod state;
 
-pub use command::{PartitionCommand, PartitionOutcome, PartitionRejection, PartitionResult, ProducerBatch, ReadError};
+pub use command::{
+    AppendBatch, PartitionCommand, PartitionOutcome, PartitionRejection, PartitionResult, ProducerBatch, ReadError,
+    APPEND_BATCHES_MAX,
+};
 pub use log::{MemoryLog, RecordLog};
 pub use producer::{ProducerState, RememberedBatch};
 pub use state::{Claim, GroupPosition, PartitionState};

@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use super::command::{
-    PartitionCommand, PartitionOutcome, PartitionRejection, PartitionResult, ProducerBatch, ReadError,
+    AppendBatch, PartitionCommand, PartitionOutcome, PartitionRejection, PartitionResult, ProducerBatch, ReadError,
+    APPEND_BATCHES_MAX,
 };
 use super::log::RecordLog;
 use super::producer::{ProducerState, RememberedBatch};
@@ -117,6 +118,8 @@ impl PartitionState {
     ) -> Result<PartitionResult, L::Error> {
         let result = match command {
             PartitionCommand::Append { producer, records } => self.append(log, at, *producer, records)?,
+            // Each batch is counted as a command of its own.
+            PartitionCommand::AppendBatches { batches } => return self.append_batches(log, at, batches),
             PartitionCommand::Claim { group, member, generation, member_epoch } => {
                 self.claim(group, member, *generation, *member_epoch)
             }
@@ -131,6 +134,33 @@ impl PartitionState {
             Err(_) => self.rejected_commands += 1,
         }
         Ok(result)
+    }
+
+    fn append_batches<L: RecordLog>(
+        &mut self,
+        log: &mut L,
+        at: TimestampMs,
+        batches: &[AppendBatch],
+    ) -> Result<PartitionResult, L::Error> {
+        if batches.is_empty() {
+            self.rejected_commands += 1;
+            return Ok(Err(PartitionRejection::EmptyBatch));
+        }
+        if batches.len() > APPEND_BATCHES_MAX {
+            self.rejected_commands += 1;
+            let (count, max) = (batches.len() as u64, APPEND_BATCHES_MAX as u64);
+            return Ok(Err(PartitionRejection::TooManyBatches { count, max }));
+        }
+        let mut results = Vec::with_capacity(batches.len());
+        for batch in batches {
+            let result = self.append(log, at, batch.producer, &batch.records)?;
+            match result {
+                Ok(_) => self.applied_commands += 1,
+                Err(_) => self.rejected_commands += 1,
+            }
+            results.push(result);
+        }
+        Ok(Ok(PartitionOutcome::AppendedBatches { results }))
     }
 
     fn append<L: RecordLog>(

@@ -107,7 +107,11 @@ pub(super) fn partition_rejection(rejection: PartitionRejection) -> Status {
     use PartitionRejection::*;
     let code = match &rejection {
         InvalidName(_) | EmptyBatch | InvalidRecord { .. } | PositionOutOfRange { .. } => Code::InvalidArgument,
-        TooManyRecords { .. } | BatchTooLarge { .. } | TooManyGroups { .. } | OffsetOverflow => Code::ResourceExhausted,
+        TooManyRecords { .. }
+        | BatchTooLarge { .. }
+        | TooManyBatches { .. }
+        | TooManyGroups { .. }
+        | OffsetOverflow => Code::ResourceExhausted,
         SequenceGap { .. } | SequenceTooOld { .. } | UnknownProducer { .. } => Code::FailedPrecondition,
         Fenced { .. } | NotClaimed { .. } => Code::Aborted,
         EpochFenced { .. } => Code::FailedPrecondition,

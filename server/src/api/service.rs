@@ -1,7 +1,7 @@
 //! `keel.v1.Keel` on a broker node.
 
 use keel_core::metadata::{MetadataCommand, MetadataOutcome, RetentionPolicy, TopicInfo};
-use keel_core::partition::{PartitionCommand, PartitionOutcome, ProducerBatch};
+use keel_core::partition::{AppendBatch, PartitionCommand, PartitionOutcome, ProducerBatch};
 use keel_core::record::{Header, Record, StoredRecord};
 use keel_core::{Offset, PartitionIndex, ProducerId, Sequence, TimestampMs, TopicName, TopicPartition};
 use keel_proto::v1 as pb;
@@ -283,7 +283,11 @@ impl KeelService {
         });
         let bytes: u64 = records.iter().map(|r| (r.value.len() + r.key.as_ref().map_or(0, |k| k.len())) as u64).sum();
         let _admitted = self.admission.admit(self.node.id(), records.iter().map(Record::size_bytes).sum())?;
-        match self.propose_partition_in(&group, &partition, PartitionCommand::Append { producer, records }).await? {
+        if self.node.raft(&group).is_none() {
+            return Err(self.hosted_elsewhere(&partition));
+        }
+        let appended = self.node.append(&group, AppendBatch { producer, records }).await.map_err(not_leader)?;
+        match appended.map_err(partition_rejection)? {
             PartitionOutcome::Appended { base_offset, count, duplicate } => {
                 if !duplicate {
                     self.node.metrics().produced(u64::from(count), bytes);
