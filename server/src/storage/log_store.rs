@@ -1,8 +1,17 @@
 //! openraft's `RaftLogStorage` for one group, over the node's database.
+//!
+//! An append returns as soon as its entries are queued for the node's
+//! writer, before the writer's transaction commits: until then they are
+//! read from memory (`queued`). So openraft hands the next entries over,
+//! and replicates these, while the writer is still busy (typically inside
+//! the fsync of earlier ones), and the writer gathers the appends that
+//! queue up meanwhile into one transaction and one fsync. Entries are
+//! reported persisted only after a durable commit includes them.
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, RaftLogReader, StorageIOError};
@@ -12,11 +21,18 @@ use serde::Serialize;
 use super::store::{NodeStore, StoreError, LOG, RAFT_META};
 use crate::raft::types::{LogId, StorageError, TypeConfig, Vote};
 
+/// Entries appended but not yet committed to the database, by index.
+/// Bounded by what openraft appends ahead of the writer: the writer commits
+/// every queued append in its next transaction.
+type Queued = Arc<Mutex<BTreeMap<u64, Entry<TypeConfig>>>>;
+
 /// One group's Raft log and vote, in the node's database.
 #[derive(Debug, Clone)]
 pub struct LogStore {
     store: Arc<NodeStore>,
     group: String,
+    /// Shared with every reader of this log.
+    queued: Queued,
 }
 
 pub(crate) fn io_error(subject: ErrorSubject<u64>, verb: ErrorVerb, error: StoreError) -> StorageError {
@@ -44,7 +60,7 @@ fn index_bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
 
 impl LogStore {
     pub fn new(store: Arc<NodeStore>, group: String) -> Self {
-        LogStore { store, group }
+        LogStore { store, group, queued: Queued::default() }
     }
 
     fn read_meta<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StoreError> {
@@ -70,6 +86,23 @@ impl LogStore {
         if start >= end {
             return Ok(Vec::new());
         }
+        // The queued entries first, then the database: an entry leaves the
+        // queue only once it is committed, so each one is in one or the
+        // other (a queued entry is newer than a stored one at its index).
+        let queued: Vec<(u64, Entry<TypeConfig>)> = {
+            let queued = self.queued.lock().expect("queued entries");
+            queued.range(start..end).map(|(index, entry)| (*index, entry.clone())).collect()
+        };
+        let stored = self.stored_entries(start, end)?;
+        if queued.is_empty() {
+            return Ok(stored);
+        }
+        let mut merged: BTreeMap<u64, Entry<TypeConfig>> = stored.into_iter().map(|e| (e.log_id.index, e)).collect();
+        merged.extend(queued);
+        Ok(merged.into_values().collect())
+    }
+
+    fn stored_entries(&self, start: u64, end: u64) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
         self.store.read(|txn| {
             let table = txn.open_table(LOG)?;
             let group = self.group.as_str();
@@ -83,6 +116,12 @@ impl LogStore {
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, StoreError> {
+        let queued = self.queued.lock().expect("queued entries").last_key_value().map(|(_, e)| e.log_id);
+        let stored = self.last_stored_id()?;
+        Ok(queued.max(stored))
+    }
+
+    fn last_stored_id(&self) -> Result<Option<LogId>, StoreError> {
         self.store.read(|txn| {
             let table = txn.open_table(LOG)?;
             let group = self.group.as_str();
@@ -101,6 +140,7 @@ impl LogStore {
     /// Delete the entries with index in `[start, end)`, and record `purged`
     /// if given, in one transaction.
     async fn delete(&self, start: u64, end: u64, purged: Option<LogId>) -> Result<(), StoreError> {
+        self.queued.lock().expect("queued entries").retain(|index, _| !(start..end).contains(index));
         let group = self.group.clone();
         let purged = purged.map(|p| postcard::to_stdvec(&p)).transpose()?;
         self.store
@@ -149,9 +189,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        // A hint for faster recovery; losing it is harmless.
-        self.write_meta(false, "committed", &committed)
-            .await
+        // A hint for faster recovery; losing it is harmless. Not waited for:
+        // openraft calls this on every advance of the commit index, inside
+        // its core loop, which would otherwise stall behind the writer.
+        let bytes =
+            postcard::to_stdvec(&committed).map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e.into()))?;
+        let group = self.group.clone();
+        self.store
+            .queue(move |txn| {
+                txn.open_table(RAFT_META)?.insert((group.as_str(), "committed"), bytes.as_slice())?;
+                Ok(())
+            })
             .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))
     }
 
@@ -166,14 +214,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + Send,
         I::IntoIter: Send,
     {
-        let group = self.group.clone();
+        let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
         let encoded: Vec<(u64, Vec<u8>)> = entries
-            .into_iter()
-            .map(|entry| Ok((entry.log_id.index, postcard::to_stdvec(&entry)?)))
+            .iter()
+            .map(|entry| Ok((entry.log_id.index, postcard::to_stdvec(entry)?)))
             .collect::<Result<_, StoreError>>()
             .map_err(log_error(ErrorVerb::Write))?;
-        // Readable once this returns; reported persisted after the writer's
-        // next durable commit (usually the same transaction).
+        let written: Vec<LogId> = entries.iter().map(|e| e.log_id).collect();
+        self.queued.lock().expect("queued entries").extend(entries.into_iter().map(|e| (e.log_id.index, e)));
+        let group = self.group.clone();
         let write = move |txn: &redb::WriteTransaction| {
             let mut table = txn.open_table(LOG)?;
             for (index, bytes) in &encoded {
@@ -181,7 +230,18 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             Ok(())
         };
-        self.store.write_reporting_persisted(write, callback).await.map_err(log_error(ErrorVerb::Write))
+        // Committed: readable from the database, so leave the queue (unless
+        // a later append replaced the entry at that index meanwhile).
+        let queued = self.queued.clone();
+        let committed = move || {
+            let mut queued = queued.lock().expect("queued entries");
+            for log_id in written {
+                if queued.get(&log_id.index).is_some_and(|e| e.log_id == log_id) {
+                    queued.remove(&log_id.index);
+                }
+            }
+        };
+        self.store.queue_reporting_persisted(write, committed, callback).map_err(log_error(ErrorVerb::Write))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {

@@ -180,32 +180,63 @@ impl NodeStore {
         durable: bool,
         write: impl FnOnce(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        self.submit(durable, write, None).await
+        self.submit(durable, write).await
     }
 
-    /// Run `write` (log entries) in the writer's next transaction and report
-    /// `callback` persisted once a durable commit includes it. Returns when
-    /// the entries are readable.
-    pub(crate) async fn write_reporting_persisted(
+    /// Queue `write` for the writer's next (not durable) transaction and
+    /// return at once; a failure poisons the store, which later operations
+    /// then report. For writes nothing waits on.
+    pub(crate) fn queue(
         &self,
         write: impl FnOnce(&WriteTransaction) -> Result<(), StoreError> + Send + 'static,
+    ) -> Result<(), StoreError> {
+        self.db()?;
+        let op: WriteOp = Box::new(move |txn| {
+            write(txn)?;
+            let complete: Completion = Box::new(|_| {});
+            Ok(complete)
+        });
+        self.jobs.send(Job::Write { op, durable: false }).map_err(|_| StoreError::Closed)
+    }
+
+    /// Queue `write` (log entries) for the writer's next transaction without
+    /// waiting for it: `committed` runs once that transaction committed
+    /// (the entries are then readable from the database), and `callback`
+    /// is reported persisted after the durable commit that follows. Writes
+    /// queued one after another commit in that order.
+    pub(crate) fn queue_reporting_persisted(
+        &self,
+        write: impl FnOnce(&WriteTransaction) -> Result<(), StoreError> + Send + 'static,
+        committed: impl FnOnce() + Send + 'static,
         callback: LogFlushed<TypeConfig>,
     ) -> Result<(), StoreError> {
-        self.submit(false, write, Some(callback)).await
+        if let Err(error) = self.db() {
+            callback.log_io_completed(Err(std::io::Error::other(error.to_string())));
+            return Err(error);
+        }
+        let op: WriteOp = Box::new(move |txn| {
+            write(txn)?;
+            let complete: Completion = Box::new(move |outcome| {
+                if outcome.is_ok() {
+                    committed();
+                }
+            });
+            Ok(complete)
+        });
+        if let Err(mpsc::error::SendError(_)) = self.jobs.send(Job::Write { op, durable: false }) {
+            callback.log_io_completed(Err(std::io::Error::other(StoreError::Closed.to_string())));
+            return Err(StoreError::Closed);
+        }
+        self.persisted_later(callback);
+        Ok(())
     }
 
     async fn submit<T: Send + 'static>(
         &self,
         durable: bool,
         write: impl FnOnce(&WriteTransaction) -> Result<T, StoreError> + Send + 'static,
-        persisted: Option<LogFlushed<TypeConfig>>,
     ) -> Result<T, StoreError> {
-        if let Err(error) = self.db() {
-            if let Some(callback) = persisted {
-                callback.log_io_completed(Err(std::io::Error::other(error.to_string())));
-            }
-            return Err(error);
-        }
+        self.db()?;
         let (reply, answer) = oneshot::channel();
         let op: WriteOp = Box::new(move |txn| {
             let value = write(txn)?;
@@ -215,10 +246,6 @@ impl NodeStore {
             Ok(complete)
         });
         self.jobs.send(Job::Write { op, durable }).map_err(|_| StoreError::Closed)?;
-        // Queued right behind its write, so usually in the same transaction.
-        if let Some(callback) = persisted {
-            self.persisted_later(callback);
-        }
         // A dropped reply means the transaction failed: the store is poisoned.
         answer.await.unwrap_or(Err(StoreError::Poisoned))
     }
