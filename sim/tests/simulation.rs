@@ -94,7 +94,10 @@ fn g4_catches_commits_that_go_backwards_or_past_the_high_watermark() {
 
 #[test]
 fn g5_catches_commit_without_the_fence() {
-    caught_within(Plant::Bug(Bug::CommitWithoutFence), 15);
+    // It needs a consumer paused past its session while it holds records,
+    // then acking them: 4 of seeds 0..60 catch it (17 is the first) since
+    // produce requests share Raft entries (2026-12-01).
+    caught_within(Plant::Bug(Bug::CommitWithoutFence), 40);
 }
 
 #[test]
