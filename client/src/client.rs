@@ -81,6 +81,9 @@ pub const FENCED_METADATA: &str = "keel-fenced";
 /// Response metadata of a refusal naming a topic incarnation that was
 /// deleted (the topic may exist again under a new one).
 pub const TOPIC_GONE_METADATA: &str = "keel-topic-gone";
+/// Response metadata of a refusal of a batch whose sequence is ahead of the
+/// next one expected (a batch ahead of it has not landed): not appended.
+pub const SEQUENCE_GAP_METADATA: &str = "keel-sequence-gap";
 /// Response metadata of a refusal saying the partition forgot the producer.
 pub const PRODUCER_LOST_METADATA: &str = "keel-producer-lost";
 

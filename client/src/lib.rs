@@ -10,19 +10,24 @@
 //! - [`Producer`]: the idempotent producer (G8): a producer id from the
 //!   cluster, one sequence per partition, and retries of a batch with the
 //!   same sequence, so a retried batch is appended once.
+//! - [`BatchingProducer`]: the same guarantee for a stream of records:
+//!   batches gathered per partition (size and linger) with several in
+//!   flight per partition.
 //!
 //! It uses tokio's monotonic clock (madsim's simulated one under
 //! simulation) only for retry deadlines and heartbeat intervals, never for
 //! anything a broker decides on, and madsim-tonic, so the same code runs
 //! deterministically inside the simulation.
 
+mod batching;
 mod client;
 mod consumer;
 mod producer;
 
+pub use batching::{Ack, BatchingConfig, BatchingProducer, Delivered, SendError};
 pub use client::{
     Client, ClientError, RetryPolicy, Route, FENCED_METADATA, PRODUCER_LOST_METADATA, RETRY_AFTER_METADATA,
-    TOPIC_GONE_METADATA,
+    SEQUENCE_GAP_METADATA, TOPIC_GONE_METADATA,
 };
 pub use consumer::{Consumer, Delivery};
 pub use keel_proto::v1 as pb;

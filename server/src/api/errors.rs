@@ -17,6 +17,9 @@ pub const FENCED_METADATA: &str = "keel-fenced";
 pub const TOPIC_GONE_METADATA: &str = "keel-topic-gone";
 /// Response metadata marking a producer the partition no longer knows.
 pub const PRODUCER_LOST_METADATA: &str = "keel-producer-lost";
+/// Response metadata marking a batch refused because its sequence is ahead
+/// of the next expected (so it was not appended).
+pub const SEQUENCE_GAP_METADATA: &str = "keel-sequence-gap";
 
 fn with_metadata(mut status: Status, key: &'static str, value: &str) -> Status {
     if let Ok(value) = value.parse() {
@@ -119,7 +122,13 @@ pub(super) fn partition_rejection(rejection: PartitionRejection) -> Status {
     };
     let lost = matches!(rejection, SequenceTooOld { .. } | UnknownProducer { .. });
     let fenced = matches!(rejection, EpochFenced { .. });
-    let status = Status::new(code, rejection.to_string());
+    // A producer unknown here that sent a sequence past 0 may just be ahead
+    // of its own first batch (several in flight): a gap too.
+    let gap = matches!(rejection, SequenceGap { .. } | UnknownProducer { .. });
+    let mut status = Status::new(code, rejection.to_string());
+    if gap {
+        status = with_metadata(status, SEQUENCE_GAP_METADATA, "true");
+    }
     if lost {
         return with_metadata(status, PRODUCER_LOST_METADATA, "true");
     }

@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use keel_client::{pb, Client, Consumer, RetryPolicy};
+use keel_client::{pb, BatchingConfig, BatchingProducer, Client, Consumer, RetryPolicy};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -25,6 +25,8 @@ use crate::Connection;
 const IN_FLIGHT_MAX: u32 = 65_536;
 /// Most records one Produce request carries (the broker's default limit).
 const RECORDS_PER_REQUEST_MAX: u32 = 10_000;
+/// Acknowledgements a batching load waits on at once.
+const ACKS_QUEUED_MAX: usize = 100_000;
 /// Longest latency the histograms record, in microseconds (an hour).
 const LATENCY_MAX_MICROS: u64 = 3_600_000_000;
 
@@ -77,6 +79,18 @@ pub struct ProduceBench {
     /// Records per Produce request.
     #[arg(long, default_value_t = 1)]
     records_per_request: u32,
+    /// Send through the client library's batching producer (idempotent,
+    /// batches per partition, --in-flight batches per partition) instead
+    /// of one request per --records-per-request records; latency is then
+    /// per record.
+    #[arg(long)]
+    batching: bool,
+    /// With --batching: how long a batch waits for more records.
+    #[arg(long, default_value = "5ms", value_parser = humantime::parse_duration)]
+    linger: Duration,
+    /// With --batching: most records per batch.
+    #[arg(long, default_value_t = 1000)]
+    batch_records: usize,
     #[command(flatten)]
     connection: Connection,
 }
@@ -231,6 +245,25 @@ async fn produce(args: ProduceBench) -> anyhow::Result<()> {
     let mut slots = Vec::new();
     for producer in 0..args.producers {
         let client = Client::new(args.connection.broker.clone(), RetryPolicy::default())?;
+        if args.batching {
+            let config = BatchingConfig {
+                linger: args.linger,
+                batch_records: args.batch_records,
+                in_flight: args.in_flight as usize,
+                ..BatchingConfig::default()
+            };
+            let record = request.records[0].clone();
+            let producer = BatchingProducer::new(client, config, u64::from(producer));
+            slots.push(tokio::spawn(batching_load(
+                producer,
+                args.topic.clone(),
+                record,
+                tally.clone(),
+                stop.clone(),
+                measuring_from,
+            )));
+            continue;
+        }
         for slot in 0..args.in_flight {
             let (client, request, tally, stop) = (client.clone(), request.clone(), tally.clone(), stop.clone());
             let first_partition = (producer * args.in_flight + slot) % partitions;
@@ -299,6 +332,59 @@ async fn produce(args: ProduceBench) -> anyhow::Result<()> {
     };
     report.print(args.connection.json);
     Ok(())
+}
+
+/// Records through one batching producer until `stop`; returns the latency
+/// of each record from its send to its acknowledgement.
+async fn batching_load(
+    producer: BatchingProducer,
+    topic: String,
+    record: pb::Record,
+    tally: Arc<Tally>,
+    stop: Arc<AtomicBool>,
+    measuring_from: Instant,
+) -> Histogram<u64> {
+    // Acknowledgements in send order; the producer's own queues bound how
+    // many are outstanding.
+    let (acks, mut answered) = tokio::sync::mpsc::channel::<(Instant, keel_client::Ack)>(ACKS_QUEUED_MAX);
+    let collector = {
+        let tally = tally.clone();
+        tokio::spawn(async move {
+            let mut latencies = Histogram::<u64>::new_with_max(LATENCY_MAX_MICROS, 3).expect("histogram bounds");
+            while let Some((sent, ack)) = answered.recv().await {
+                match ack.wait().await {
+                    Ok(_) => {
+                        let acked = Instant::now();
+                        tally.all_records.fetch_add(1, Ordering::Relaxed);
+                        if sent >= measuring_from {
+                            latencies.saturating_record(((acked - sent).as_micros() as u64).max(1));
+                            tally.records.fetch_add(1, Ordering::Relaxed);
+                            *tally.last_ack.lock().expect("last ack") = Some(acked);
+                        }
+                    }
+                    Err(error) => tally.error(error),
+                }
+            }
+            latencies
+        })
+    };
+    while !stop.load(Ordering::Relaxed) {
+        let sent = Instant::now();
+        match producer.send(&topic, record.clone()).await {
+            Ok(ack) => {
+                if acks.send((sent, ack)).await.is_err() {
+                    break;
+                }
+            }
+            Err(error) => {
+                tally.error(error);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    drop(acks);
+    producer.close().await;
+    collector.await.unwrap_or_else(|_| Histogram::new_with_max(LATENCY_MAX_MICROS, 3).expect("histogram bounds"))
 }
 
 /// The topic, created with this shape if it does not exist yet.

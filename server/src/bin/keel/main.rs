@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use keel_client::{pb, Client, Consumer, Producer, RetryPolicy};
+use keel_client::{pb, BatchingConfig, BatchingProducer, Client, Consumer, RetryPolicy};
 use keel_server::clock::Clock;
 use keel_server::node::{Node, NodeConfig};
 use keel_server::storage::NodeStore;
@@ -691,10 +691,12 @@ async fn topic(command: TopicCommand) -> anyhow::Result<()> {
 
 async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     let client = discovering_client(&args.connection).await?;
-    let mut producer = Producer::new(client, u64::from(std::process::id())).await?;
-    // Lines arrive from a reader thread; whatever is already waiting goes
-    // out together, one batch per partition (one line at a time when typed).
-    let (lines, mut incoming) = tokio::sync::mpsc::channel::<std::io::Result<String>>(PRODUCE_BATCH_RECORDS_MAX);
+    // Lines go round-robin (or by key), gathered into batches per partition
+    // with several in flight; each is acknowledged once appended.
+    let config = BatchingConfig { sticky_keyless: false, ..BatchingConfig::default() };
+    let producer = BatchingProducer::new(client, config, u64::from(std::process::id()));
+    // Lines arrive from a reader thread.
+    let (lines, mut incoming) = tokio::sync::mpsc::channel::<std::io::Result<String>>(PRODUCE_LINES_QUEUED_MAX);
     std::thread::spawn(move || {
         for line in std::io::stdin().lock().lines() {
             if lines.blocking_send(line).is_err() {
@@ -702,46 +704,56 @@ async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
             }
         }
     });
-    let mut count = 0u64;
-    while let Some(first) = incoming.recv().await {
-        let mut batch = vec![first.context("reading stdin")?];
-        while batch.len() < PRODUCE_BATCH_RECORDS_MAX {
-            match incoming.try_recv() {
-                Ok(line) => batch.push(line.context("reading stdin")?),
-                Err(_) => break,
-            }
-        }
-        let mut by_partition: BTreeMap<u32, Vec<pb::Record>> = BTreeMap::new();
-        for line in batch {
-            let (key, value) = match args.key_separator.as_deref().and_then(|separator| line.split_once(separator)) {
-                Some((key, value)) => (Some(key.as_bytes().to_vec()), value.to_string()),
-                None => (None, line),
-            };
-            let partition = producer.partition_for(&args.topic, key.as_deref()).await?;
-            by_partition.entry(partition).or_default().push(pb::Record {
-                key,
-                value: value.into_bytes(),
-                ..Default::default()
-            });
-        }
-        for (partition, records) in by_partition {
-            let sent = producer.send_to(&args.topic, partition, records).await?;
-            count += u64::from(sent.count);
-            if args.connection.json {
-                for offset in sent.base_offset..sent.base_offset + u64::from(sent.count) {
-                    println!("{}", serde_json::json!({"partition": sent.partition, "offset": offset}));
+    // Acknowledgements are awaited in the order the lines were read.
+    let (acks, mut answered) = tokio::sync::mpsc::channel::<keel_client::Ack>(PRODUCE_LINES_QUEUED_MAX);
+    let json = args.connection.json;
+    let printer = tokio::spawn(async move {
+        let (mut count, mut failed, mut first_error) = (0u64, 0u64, None);
+        while let Some(ack) = answered.recv().await {
+            match ack.wait().await {
+                Ok(delivered) => {
+                    count += 1;
+                    if json {
+                        println!(
+                            "{}",
+                            serde_json::json!({"partition": delivered.partition, "offset": delivered.offset})
+                        );
+                    }
+                }
+                Err(error) => {
+                    failed += 1;
+                    first_error.get_or_insert(error);
                 }
             }
         }
+        (count, failed, first_error)
+    });
+    while let Some(line) = incoming.recv().await {
+        let line = line.context("reading stdin")?;
+        let (key, value) = match args.key_separator.as_deref().and_then(|separator| line.split_once(separator)) {
+            Some((key, value)) => (Some(key.as_bytes().to_vec()), value.to_string()),
+            None => (None, line),
+        };
+        let ack =
+            producer.send(&args.topic, pb::Record { key, value: value.into_bytes(), ..Default::default() }).await?;
+        if acks.send(ack).await.is_err() {
+            break;
+        }
     }
-    if !args.connection.json {
+    drop(acks);
+    producer.close().await;
+    let (count, failed, first_error) = printer.await.context("the acknowledgement task failed")?;
+    if let Some(error) = first_error {
+        bail!("{failed} records were not acknowledged ({count} were); the first: {error}");
+    }
+    if !json {
         eprintln!("produced {count} records to {}", args.topic);
     }
     Ok(())
 }
 
-/// Most records `keel produce` sends in one batch.
-const PRODUCE_BATCH_RECORDS_MAX: usize = 500;
+/// Lines `keel produce` reads ahead of their acknowledgements.
+const PRODUCE_LINES_QUEUED_MAX: usize = 10_000;
 
 async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
     let member = args.member.clone().unwrap_or_else(|| format!("keel-cli-{}", std::process::id()));
