@@ -480,8 +480,9 @@ impl Node {
         self.inner.groups.lock().expect("groups").keys().cloned().collect()
     }
 
-    /// A copy of this replica's metadata state.
-    pub fn metadata(&self) -> MetadataState {
+    /// This replica's metadata state as of its last applied batch (shared,
+    /// not copied).
+    pub fn metadata(&self) -> Arc<MetadataState> {
         let groups = self.inner.groups.lock().expect("groups");
         let state = groups[&GroupId::Metadata].state_machine.state();
         let state = state.lock().expect("metadata state");
@@ -576,13 +577,14 @@ impl Node {
         self.inner.groups.lock().expect("groups").get(&group).cloned()
     }
 
-    /// A copy of this replica's state of a partition, if it is hosted here.
-    pub fn partition(&self, partition: &TopicPartition) -> Option<PartitionState> {
+    /// This replica's state of a partition, if it is hosted here (shared,
+    /// not copied).
+    pub fn partition(&self, partition: &TopicPartition) -> Option<Arc<PartitionState>> {
         let handle = self.group_handle(partition)?;
         let state = handle.state_machine.state();
         let state = state.lock().expect("partition state");
         match &*state {
-            GroupState::Partition(partition) => Some(partition.clone()),
+            GroupState::Partition(partition) => Some(Arc::clone(partition)),
             GroupState::Metadata(_) => None,
         }
     }

@@ -222,9 +222,9 @@ impl Node {
         if voters(&raft).iter().all(|voter| *voter == broker) {
             return Err(MembershipError::LastBroker { broker });
         }
-        // Check first, so a refused removal changes no membership.
+        // Check first (on a copy), so a refused removal changes no membership.
         let command = MetadataCommand::RemoveBroker { broker: BrokerId(broker) };
-        if let Err(rejection) = self.metadata().apply(self.clock().now(), &command) {
+        if let Err(rejection) = MetadataState::clone(&self.metadata()).apply(self.clock().now(), &command) {
             return Err(MembershipError::Rejected(rejection));
         }
         // Name only this broker: a change computed from a copy of the voters

@@ -22,11 +22,13 @@ use super::snapshot_file::{self, SnapshotFile};
 use super::store::{NodeStore, StoreError, RECORDS, SNAPSHOTS, STATE};
 use crate::raft::types::{Command, LogId, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 
-/// The core state machine a group runs.
+/// The core state machine a group runs, shared behind an `Arc`: readers take
+/// it without copying, and apply copies it (once per applied batch) only
+/// while a reader still holds the previous one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GroupState {
-    Metadata(MetadataState),
-    Partition(PartitionState),
+    Metadata(Arc<MetadataState>),
+    Partition(Arc<PartitionState>),
 }
 
 /// What a group's state machine has applied, as stored.
@@ -107,12 +109,12 @@ impl GroupStateMachine {
 
     /// A metadata state machine with these (cluster-wide) limits.
     pub fn initial_metadata(limits: Limits) -> GroupState {
-        GroupState::Metadata(MetadataState::new(limits))
+        GroupState::Metadata(Arc::new(MetadataState::new(limits)))
     }
 
     /// A partition state machine with these limits.
     pub fn initial_partition(limits: Limits) -> GroupState {
-        GroupState::Partition(PartitionState::new(limits))
+        GroupState::Partition(Arc::new(PartitionState::new(limits)))
     }
 
     /// The state, shared.
@@ -160,10 +162,11 @@ impl GroupStateMachine {
                         }
                         EntryPayload::Normal(request) => match (&mut *state, &request.command) {
                             (GroupState::Metadata(metadata), Command::Metadata(command)) => {
-                                Response::Metadata(metadata.apply(applied_at(&request), command))
+                                Response::Metadata(Arc::make_mut(metadata).apply(applied_at(&request), command))
                             }
                             (GroupState::Partition(partition), Command::Partition(command)) => {
                                 let mut log = RecordWriter { table: &mut records, group };
+                                let partition = Arc::make_mut(partition);
                                 Response::Partition(partition.apply(&mut log, applied_at(&request), command)?)
                             }
                             _ => Response::WrongGroup,
