@@ -136,8 +136,12 @@ impl NodeConfig {
             // Snapshot chunks on the wire stay well under gRPC's 4 MiB
             // default message limit.
             snapshot_max_chunk_size: 1024 * 1024,
-            // Bounds an AppendEntries message; see RAFT_MESSAGE_BYTES_MAX.
-            max_payload_entries: 64,
+            // Bounds an AppendEntries message (see RAFT_MESSAGE_BYTES_MAX):
+            // an entry of coalesced appends is up to ENTRY_BYTES_MAX (1 MiB),
+            // a single batch up to 4 MiB. At 64 entries a message reached
+            // 64 MiB, whose encoding alone outlasted the call's time limit,
+            // so followers were sent the same entries again and again.
+            max_payload_entries: 8,
             ..openraft::Config::default()
         };
         let internal_listen = default_internal_address(&listen.to_string())
