@@ -335,7 +335,14 @@ impl Worker {
             };
             match event {
                 Event::Answered(answer) => {
-                    let sent = self.in_flight.pop_front().expect("the batch answered");
+                    #[allow(unused_mut)]
+                    let mut sent = self.in_flight.pop_front().expect("the batch answered");
+                    #[cfg(madsim)]
+                    if keel_core::planted::is_planted(keel_core::planted::Bug::BatchingAnswersNewest) {
+                        if let Some(newest) = self.in_flight.back_mut() {
+                            std::mem::swap(&mut sent.batch, &mut newest.batch);
+                        }
+                    }
                     self.answered(sent, answer).await;
                 }
                 Event::Record(Some(queued)) => {

@@ -29,11 +29,15 @@ pub enum Bug {
     /// The coordinator never expires silent members, so a crashed member's
     /// partitions are never handed on (L1).
     NeverExpireMembers,
+    /// The batching producer hands the answer of its oldest batch in flight
+    /// to the newest one (and the newest's to the oldest): records are
+    /// acknowledged at offsets that hold other records (G1).
+    BatchingAnswersNewest,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 7] = [
+    pub const ALL: [Bug; 8] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -41,6 +45,7 @@ impl Bug {
         Bug::PanicOnBadCommit,
         Bug::ConsumerNoOrderFilter,
         Bug::NeverExpireMembers,
+        Bug::BatchingAnswersNewest,
     ];
 
     /// The name used on the command line.
@@ -53,6 +58,7 @@ impl Bug {
             Bug::PanicOnBadCommit => "panic-on-bad-commit",
             Bug::ConsumerNoOrderFilter => "consumer-no-order-filter",
             Bug::NeverExpireMembers => "never-expire-members",
+            Bug::BatchingAnswersNewest => "batching-answers-newest",
         }
     }
 }

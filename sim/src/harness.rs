@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_client::pb;
-use keel_client::{Client, Consumer, Producer, RetryPolicy};
+use keel_client::{BatchingConfig, BatchingProducer, Client, Consumer, Producer, RetryPolicy};
 use keel_core::planted::Bug;
 use keel_core::{PartitionIndex, TopicName, TopicPartition};
 use keel_server::clock::{Clock, Skew};
@@ -78,6 +78,7 @@ impl Plant {
             Plant::Bug(Bug::PanicOnBadCommit) => G7,
             Plant::Bug(Bug::NoIdempotence) => G8,
             Plant::Bug(Bug::NeverExpireMembers) => L1,
+            Plant::Bug(Bug::BatchingAnswersNewest) => G1,
         }
     }
 
@@ -122,6 +123,9 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         scenario.fault_interval_ms = 800;
         if plant == Plant::Bug(Bug::CommitUnchecked) || plant == Plant::Bug(Bug::PanicOnBadCommit) {
             scenario.hostile_ack_every = 3;
+        }
+        if plant == Plant::Bug(Bug::BatchingAnswersNewest) {
+            scenario.batching_producers = true;
         }
         if plant == Plant::Bug(Bug::ConsumerNoOrderFilter) {
             scenario.ack_every_polls = scenario.ack_every_polls.max(2);
@@ -425,6 +429,9 @@ async fn setup_topics(world: &World) {
 
 /// One idempotent producer: batches of uniquely valued records.
 async fn produce(world: World, p: u32) {
+    if world.scenario.batching_producers {
+        return produce_batching(world, p).await;
+    }
     let process = format!("producer-{p}");
     let client = world.client();
     let mut rng = madsim::rand::thread_rng();
@@ -467,6 +474,84 @@ async fn produce(world: World, p: u32) {
         }
         madsim::time::sleep(Duration::from_millis(scenario.produce_interval_ms)).await;
     }
+    world.producers_done.fetch_add(1, Ordering::SeqCst);
+}
+
+/// The producer id a batching producer's records are recorded under: its
+/// partition workers each take their own ids from the cluster, so the
+/// history names the harness's producer instead (ids the cluster hands out
+/// are small; no run mixes the two kinds).
+fn batching_producer_id(p: u32) -> u64 {
+    (1 << 40) | u64::from(p)
+}
+
+/// One batching producer: the same batches of uniquely valued records, sent
+/// without waiting (several batches in flight per partition), each record
+/// keyed by its value and acknowledged on its own. Acknowledgements are
+/// recorded in send order, so G3 checks that the producer kept its records
+/// in order on each partition.
+async fn produce_batching(world: World, p: u32) {
+    let process = format!("producer-{p}");
+    let config = BatchingConfig {
+        linger: Duration::from_millis(2),
+        batch_records: 3,
+        in_flight: 4,
+        sticky_keyless: false,
+        ..BatchingConfig::default()
+    };
+    let producer = BatchingProducer::new(world.client(), config, u64::from(p));
+    let mut rng = madsim::rand::thread_rng();
+    let scenario = world.scenario.clone();
+    // At most batches_per_producer x batch_records_max (160) records wait.
+    let (acks, mut answered) = tokio::sync::mpsc::unbounded_channel::<(u64, keel_client::Ack)>();
+    let recorder = {
+        let (world, process) = (world.clone(), process.clone());
+        madsim::task::spawn(async move {
+            while let Some((op, ack)) = answered.recv().await {
+                match ack.wait().await {
+                    Ok(delivered) => world.record(
+                        &process,
+                        EventKind::ProduceOk { op, base_offset: delivered.offset, count: 1, duplicate: false },
+                    ),
+                    Err(error) => world.record(&process, EventKind::ProduceFail { op, error: error.to_string() }),
+                }
+            }
+        })
+    };
+    for b in 0..scenario.batches_per_producer {
+        let topic = &scenario.topics[rng.gen_range(0..scenario.topics.len())];
+        let count = rng.gen_range(1..=scenario.batch_records_max);
+        for r in 0..count {
+            let value = format!("p{p}-b{b}-r{r}");
+            let partition = keel_core::routing::partition_for_key(value.as_bytes(), topic.partitions)
+                .expect("topics have partitions")
+                .0;
+            let op = world.recorder.op();
+            world.record(
+                &process,
+                EventKind::ProduceInvoke {
+                    op,
+                    producer: batching_producer_id(p),
+                    topic: topic.name.clone(),
+                    partition,
+                    values: vec![value.clone()],
+                },
+            );
+            let record =
+                pb::Record { key: Some(value.clone().into_bytes()), value: value.into_bytes(), ..Default::default() };
+            match producer.send(&topic.name, record).await {
+                Ok(ack) => {
+                    let _ = acks.send((op, ack));
+                }
+                Err(error) => world.record(&process, EventKind::ProduceFail { op, error: error.to_string() }),
+            }
+        }
+        // A tenth of the one-at-a-time pause: batches overlap in flight.
+        madsim::time::sleep(Duration::from_millis(scenario.produce_interval_ms / 10)).await;
+    }
+    producer.close().await;
+    drop(acks);
+    let _ = recorder.await;
     world.producers_done.fetch_add(1, Ordering::SeqCst);
 }
 

@@ -117,6 +117,10 @@ pub struct Scenario {
     pub topics: Vec<TopicSpec>,
     /// Idempotent producers, each on its own client host.
     pub producers: u32,
+    /// Whether the producers are batching producers (several batches in
+    /// flight per partition, records acknowledged one by one) instead of
+    /// sending one batch at a time.
+    pub batching_producers: bool,
     /// Batches each producer sends, one at a time.
     pub batches_per_producer: u32,
     pub batch_records_max: u32,
@@ -179,7 +183,16 @@ impl Scenario {
             fault_duration_ms: (500, rng.gen_range(1_500..=5_000)),
             safety_ms: 20_000,
             liveness_ms: 60_000,
+            // Drawn last, so that every earlier choice of a seed is what it
+            // was before this lane existed.
+            batching_producers: false,
         }
+        .with_batching(&mut rng)
+    }
+
+    fn with_batching(mut self, rng: &mut StdRng) -> Scenario {
+        self.batching_producers = rng.gen_bool(0.5);
+        self
     }
 
     pub fn enables(&self, kind: FaultKind) -> bool {
@@ -203,7 +216,7 @@ impl Scenario {
         let faults: Vec<&str> = self.faults.iter().map(|f| f.name()).collect();
         format!(
             "seed {seed}: {brokers} brokers; topics {topics}; {producers} producers x {batches} batches of 1-{records} \
-             records every {interval} ms; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
+             records every {interval} ms{batching}; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
              hostile ack every {hostile}); \
              faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms; safety {safety} ms, liveness bound {liveness} ms",
             seed = self.seed,
@@ -213,6 +226,7 @@ impl Scenario {
             batches = self.batches_per_producer,
             records = self.batch_records_max,
             interval = self.produce_interval_ms,
+            batching = if self.batching_producers { " (batching, several in flight)" } else { "" },
             consumers = self.consumers,
             session = self.session_timeout_ms,
             hostile = self.hostile_ack_every,

@@ -93,6 +93,11 @@ fn g4_catches_commits_that_go_backwards_or_past_the_high_watermark() {
 }
 
 #[test]
+fn g1_catches_a_batching_producer_that_mismatches_its_answers() {
+    caught_within(Plant::Bug(Bug::BatchingAnswersNewest), 5);
+}
+
+#[test]
 fn g5_catches_commit_without_the_fence() {
     // It needs a consumer paused past its session while it holds records,
     // then acking them: 4 of seeds 0..60 catch it (17 is the first) since

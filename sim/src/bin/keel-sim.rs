@@ -52,7 +52,7 @@ mod cli {
         /// Plant a known bug (a negative control): lying-disk,
         /// commit-without-fence, no-idempotence, wall-clock-apply,
         /// commit-unchecked, panic-on-bad-commit, consumer-no-order-filter,
-        /// never-expire-members.
+        /// never-expire-members, batching-answers-newest.
         #[arg(long)]
         plant: Option<String>,
     }
