@@ -145,6 +145,21 @@ struct Latency {
 }
 
 impl Report {
+    /// A report of `records` (`bytes` of payload) over `seconds`.
+    fn new(bench: &'static str, records: u64, bytes: u64, seconds: f64) -> Report {
+        Report {
+            bench,
+            records,
+            bytes,
+            seconds,
+            records_per_sec: records as f64 / seconds,
+            mb_per_sec: bytes as f64 / seconds / 1e6,
+            latency_ms: None,
+            errors: 0,
+            first_error: None,
+        }
+    }
+
     fn print(&self, json: bool) {
         if json {
             println!("{}", serde_json::to_string(self).expect("a report serialises"));
@@ -315,12 +330,6 @@ async fn produce(args: ProduceBench) -> anyhow::Result<()> {
     let bytes = records * args.record_size as u64;
     let millis = |micros: u64| micros as f64 / 1000.0;
     let report = Report {
-        bench: "produce",
-        records,
-        bytes,
-        seconds,
-        records_per_sec: records as f64 / seconds,
-        mb_per_sec: bytes as f64 / seconds / 1e6,
         latency_ms: (!latencies.is_empty()).then(|| Latency {
             p50: millis(latencies.value_at_quantile(0.50)),
             p99: millis(latencies.value_at_quantile(0.99)),
@@ -329,6 +338,7 @@ async fn produce(args: ProduceBench) -> anyhow::Result<()> {
         }),
         errors: tally.errors.load(Ordering::Relaxed),
         first_error: tally.first_error.lock().expect("first error").clone(),
+        ..Report::new("produce", records, bytes, seconds)
     };
     report.print(args.connection.json);
     Ok(())
@@ -474,15 +484,9 @@ async fn consume(args: ConsumeBench) -> anyhow::Result<()> {
     let _ = shown.await;
     let (records, bytes) = (consumed.load(Ordering::Relaxed), bytes.load(Ordering::Relaxed));
     let report = Report {
-        bench: "consume",
-        records,
-        bytes,
-        seconds,
-        records_per_sec: records as f64 / seconds,
-        mb_per_sec: bytes as f64 / seconds / 1e6,
-        latency_ms: None,
         errors: u64::from(first_error.is_some()),
         first_error,
+        ..Report::new("consume", records, bytes, seconds)
     };
     report.print(args.connection.json);
     Ok(())
