@@ -26,6 +26,9 @@ use crate::raft::types::{Command, Response};
 
 /// Entries of coalesced appends one partition leader keeps in flight. More
 /// let entries overlap in the log and on the wire; fewer make each larger.
+/// 1, 2, 4, 8 and 16 were measured (one broker and three, 256 requests in
+/// flight, 2026-12-01): 1 and 2 did best, within noise of each other; more
+/// were slower, each entry costing the writer a transaction and an fsync.
 pub const ENTRIES_IN_FLIGHT_MAX: usize = 2;
 /// Record bytes gathered into one entry, in bytes. A single batch larger
 /// than this still goes, alone.
