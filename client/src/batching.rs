@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::client::{Client, ClientError, PRODUCER_LOST_METADATA, SEQUENCE_GAP_METADATA};
+use crate::client::{Client, ClientError, KnownTopics, PRODUCER_LOST_METADATA, SEQUENCE_GAP_METADATA};
 
 /// How the batching producer gathers and sends.
 #[derive(Debug, Clone, Copy)]
@@ -103,7 +103,7 @@ struct Queued {
 /// Routing state: partition counts and incarnations, and the sticky
 /// partition of keyless records.
 struct Routing {
-    topics: BTreeMap<String, (u32, u64)>,
+    topics: KnownTopics,
     spreader: KeylessSpreader,
     /// Keyless records stick to one partition until a batch of them went.
     sticky: BTreeMap<String, (u32, usize)>,
@@ -132,24 +132,12 @@ impl BatchingProducer {
             client,
             config,
             routing: tokio::sync::Mutex::new(Routing {
-                topics: BTreeMap::new(),
+                topics: KnownTopics::default(),
                 spreader: KeylessSpreader::new(spread_start),
                 sticky: BTreeMap::new(),
             }),
             workers: Mutex::new(BTreeMap::new()),
         }
-    }
-
-    /// The partition count and incarnation of `topic`, from the metadata
-    /// leader on first use.
-    async fn topic(&self, routing: &mut Routing, topic: &str) -> Result<(u32, u64), ClientError> {
-        if let Some(known) = routing.topics.get(topic) {
-            return Ok(*known);
-        }
-        let described = self.client.describe_topic_fresh(topic).await?;
-        let known = (described.partitions.len() as u32, described.id);
-        routing.topics.insert(topic.to_string(), known);
-        Ok(known)
     }
 
     /// Queue `record` for `topic`: to the partition of `record.key` (FNV-1a
@@ -160,7 +148,7 @@ impl BatchingProducer {
     pub async fn send(&self, topic: &str, record: pb::Record) -> Result<Ack, ClientError> {
         let (partition, topic_id) = {
             let mut routing = self.routing.lock().await;
-            let (count, topic_id) = self.topic(&mut routing, topic).await?;
+            let (count, topic_id) = routing.topics.get(&self.client, topic).await?;
             let refused = |e: keel_core::routing::RoutingError| {
                 ClientError::Refused(tonic::Status::invalid_argument(e.to_string()))
             };
@@ -290,12 +278,19 @@ fn failure(error: &ClientError) -> SendError {
     }
 }
 
+/// The answer of a send task (a task that failed is an unknown outcome).
+async fn send_outcome(
+    reply: &mut JoinHandle<Result<pb::ProduceResponse, ClientError>>,
+) -> Result<pb::ProduceResponse, ClientError> {
+    reply.await.unwrap_or_else(|e| {
+        Err(ClientError::GaveUp { deadline: Duration::ZERO, last: format!("the send task failed: {e}") })
+    })
+}
+
 /// Wait for the oldest batch in flight (never, if none is).
 async fn oldest(in_flight: &mut VecDeque<InFlight>) -> Result<pb::ProduceResponse, ClientError> {
     match in_flight.front_mut() {
-        Some(sent) => (&mut sent.reply).await.unwrap_or_else(|e| {
-            Err(ClientError::GaveUp { deadline: Duration::ZERO, last: format!("the send task failed: {e}") })
-        }),
+        Some(sent) => send_outcome(&mut sent.reply).await,
         None => std::future::pending().await,
     }
 }
@@ -409,9 +404,7 @@ impl Worker {
         let mut resends = 0;
         while answer.as_ref().is_err_and(is_gap) && self.producer_id == Some(producer_id) && resends < GAP_RESENDS_MAX {
             resends += 1;
-            answer = self.spawn_send(&sent.batch.records, producer_id, sequence).await.unwrap_or_else(|e| {
-                Err(ClientError::GaveUp { deadline: Duration::ZERO, last: format!("the send task failed: {e}") })
-            });
+            answer = send_outcome(&mut self.spawn_send(&sent.batch.records, producer_id, sequence)).await;
         }
         match answer {
             Ok(response) => {

@@ -87,6 +87,30 @@ pub const SEQUENCE_GAP_METADATA: &str = "keel-sequence-gap";
 /// Response metadata of a refusal saying the partition forgot the producer.
 pub const PRODUCER_LOST_METADATA: &str = "keel-producer-lost";
 
+/// Partition counts and incarnations (topic ids) of topics, learned from
+/// the metadata leader on first use: a producer names the incarnation in
+/// every batch, so none lands in a topic deleted under it.
+#[derive(Debug, Default)]
+pub(crate) struct KnownTopics(BTreeMap<String, (u32, u64)>);
+
+impl KnownTopics {
+    /// `topic`'s partition count and incarnation.
+    pub(crate) async fn get(&mut self, client: &Client, topic: &str) -> Result<(u32, u64), ClientError> {
+        if let Some(known) = self.0.get(topic) {
+            return Ok(*known);
+        }
+        let described = client.describe_topic_fresh(topic).await?;
+        let known = (described.partitions.len() as u32, described.id);
+        self.0.insert(topic.to_string(), known);
+        Ok(known)
+    }
+
+    /// Look `topic` up again next time (its incarnation was deleted).
+    pub(crate) fn forget(&mut self, topic: &str) {
+        self.0.remove(topic);
+    }
+}
+
 /// Where to send a request.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Route {

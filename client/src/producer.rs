@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use keel_core::routing::{partition_for_key, KeylessSpreader};
 use keel_proto::v1 as pb;
 
-use crate::client::{Client, ClientError, PRODUCER_LOST_METADATA, TOPIC_GONE_METADATA};
+use crate::client::{Client, ClientError, KnownTopics, PRODUCER_LOST_METADATA, TOPIC_GONE_METADATA};
 
 /// Where a batch landed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub struct Producer {
     /// Partition count and incarnation (topic id) per topic, learned from
     /// the metadata leader on first use: every batch names the
     /// incarnation, so none lands in a topic deleted under the producer.
-    topics: BTreeMap<String, (u32, u64)>,
+    topics: KnownTopics,
     spreader: KeylessSpreader,
     /// A batch whose send failed, per partition: (sequence, records).
     unresolved: BTreeMap<(String, u32), (u64, Vec<pb::Record>)>,
@@ -53,7 +53,7 @@ impl Producer {
             client,
             producer_id,
             sequences: BTreeMap::new(),
-            topics: BTreeMap::new(),
+            topics: KnownTopics::default(),
             spreader: KeylessSpreader::new(spread_start),
             unresolved: BTreeMap::new(),
         })
@@ -64,13 +64,7 @@ impl Producer {
     }
 
     async fn topic(&mut self, topic: &str) -> Result<(u32, u64), ClientError> {
-        if let Some(known) = self.topics.get(topic) {
-            return Ok(*known);
-        }
-        let described = self.client.describe_topic_fresh(topic).await?;
-        let known = (described.partitions.len() as u32, described.id);
-        self.topics.insert(topic.to_string(), known);
-        Ok(known)
+        self.topics.get(&self.client, topic).await
     }
 
     /// The partition for a record: the key's partition if `key` is given
@@ -184,7 +178,7 @@ impl Producer {
             Err(ClientError::Refused(status)) if status.metadata().get(TOPIC_GONE_METADATA).is_some() => {
                 // The incarnation this producer knew was deleted: forget it,
                 // so that the next send looks the topic up again.
-                self.topics.remove(&slot.0);
+                self.topics.forget(&slot.0);
                 self.sequences.retain(|(topic, _), _| *topic != slot.0);
                 self.unresolved.retain(|(topic, _), _| *topic != slot.0);
                 Err(ClientError::Refused(status))
