@@ -33,11 +33,17 @@ pub enum Bug {
     /// to the newest one (and the newest's to the oldest): records are
     /// acknowledged at offsets that hold other records (G1).
     BatchingAnswersNewest,
+    /// The node's store reports log entries persisted as soon as they are
+    /// queued, before the fsync that makes them durable (G1 at a power cut).
+    PersistedBeforeSync,
+    /// A snapshot leaves out the partition's last record: a replica that
+    /// installs it lacks that record (G6, G1).
+    SnapshotDropsLastRecord,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 8] = [
+    pub const ALL: [Bug; 10] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -46,6 +52,8 @@ impl Bug {
         Bug::ConsumerNoOrderFilter,
         Bug::NeverExpireMembers,
         Bug::BatchingAnswersNewest,
+        Bug::PersistedBeforeSync,
+        Bug::SnapshotDropsLastRecord,
     ];
 
     /// The name used on the command line.
@@ -59,6 +67,8 @@ impl Bug {
             Bug::ConsumerNoOrderFilter => "consumer-no-order-filter",
             Bug::NeverExpireMembers => "never-expire-members",
             Bug::BatchingAnswersNewest => "batching-answers-newest",
+            Bug::PersistedBeforeSync => "persisted-before-sync",
+            Bug::SnapshotDropsLastRecord => "snapshot-drops-last-record",
         }
     }
 }

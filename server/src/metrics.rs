@@ -74,6 +74,8 @@ pub struct Metrics {
     raft_last_log_index: Family<GroupLabels, Gauge>,
     raft_last_applied_index: Family<GroupLabels, Gauge>,
     raft_voters: Family<GroupLabels, Gauge>,
+    snapshots_built: Gauge,
+    snapshots_installed: Gauge,
     high_watermark: Family<PartitionLabels, Gauge>,
     lag: Family<LagLabels, Gauge>,
 }
@@ -101,6 +103,8 @@ impl Metrics {
             raft_last_log_index: Family::default(),
             raft_last_applied_index: Family::default(),
             raft_voters: Family::default(),
+            snapshots_built: Gauge::default(),
+            snapshots_installed: Gauge::default(),
             high_watermark: Family::default(),
             lag: Family::default(),
             registry: Registry::default(),
@@ -137,6 +141,16 @@ impl Metrics {
             "raft_voters",
             "Voters of the Raft group as this replica sees them",
             metrics.raft_voters.clone(),
+        );
+        registry.register(
+            "snapshots_built",
+            "Raft snapshots this broker built since it started (all groups)",
+            metrics.snapshots_built.clone(),
+        );
+        registry.register(
+            "snapshots_installed",
+            "Raft snapshots this broker installed from a leader since it started (all groups)",
+            metrics.snapshots_installed.clone(),
         );
         registry.register(
             "partition_high_watermark",
@@ -204,6 +218,9 @@ impl Metrics {
         }
         self.high_watermark.clear();
         self.lag.clear();
+        let (built, installed) = node.snapshot_counts();
+        self.snapshots_built.set(built as i64);
+        self.snapshots_installed.set(installed as i64);
         let metadata = node.metadata();
         for group in node.groups() {
             let Some(raft) = node.raft(&group) else { continue };

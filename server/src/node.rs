@@ -547,6 +547,11 @@ impl Node {
         self.inner.cursors.lock().expect("cursors").len()
     }
 
+    /// Raft snapshots this node built and installed since it started.
+    pub fn snapshot_counts(&self) -> (u64, u64) {
+        self.inner.store.ledger().snapshot_counts()
+    }
+
     /// Why this node can no longer work, if it cannot: a storage error, or
     /// a Raft group stopped by a fatal error. Fatal is fatal: the process
     /// should exit and be restarted from disk.

@@ -144,8 +144,23 @@ fn acknowledged(events: &[Event]) -> Vec<Acked> {
 fn canonical_logs(events: &[Event], findings: &mut Findings) -> BTreeMap<Partition, Vec<Seen>> {
     let mut replicas: BTreeMap<Partition, Vec<(u64, &Vec<Seen>)>> = BTreeMap::new();
     for event in events {
-        if let EventKind::ReplicaLog { broker, topic, partition, records, .. } = &event.kind {
+        if let EventKind::ReplicaLog { broker, topic, partition, records, log_start, high_watermark } = &event.kind {
             replicas.entry((topic.clone(), *partition)).or_default().push((*broker, records));
+            // A replica holds every offset from its log start to its high
+            // watermark: a hole (a record its state says it has) is lost.
+            let expected = high_watermark.saturating_sub(*log_start);
+            let contiguous = records.iter().enumerate().all(|(i, r)| r.offset == log_start + i as u64);
+            if records.len() as u64 != expected || !contiguous {
+                let missing = (*log_start..*high_watermark).find(|o| !records.iter().any(|r| r.offset == *o));
+                findings.add(
+                    Guarantee::G6,
+                    format!(
+                        "{topic}/{partition}: broker {broker}'s high watermark is {high_watermark} from log start \
+                         {log_start}, but it holds {} records (offset {missing:?} is missing)",
+                        records.len()
+                    ),
+                );
+            }
         }
     }
     let mut canonical = BTreeMap::new();
@@ -380,6 +395,11 @@ fn node_failures(events: &[Event], findings: &mut Findings) {
             }
             EventKind::DiskLost { broker, reason } => findings
                 .add(Guarantee::G1, format!("broker {broker}'s disk did not reopen after a power cut: {reason}")),
+            EventKind::PowerCut { broker, lost, .. } => {
+                for lost in lost {
+                    findings.add(Guarantee::G1, format!("broker {broker} lost an entry it reported persisted: {lost}"));
+                }
+            }
             _ => {}
         }
     }

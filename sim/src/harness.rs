@@ -5,9 +5,11 @@
 //! Fault bounds, and why every guarantee must still hold under them:
 //! - Every disk honours fsync: a power cut loses only unsynced writes (kept,
 //!   dropped or torn per sector, chosen by the seed). The node-fault lane
-//!   takes down (crashes or pauses) one broker at a time, so every Raft
-//!   group (replication factor 3) keeps a majority whose disks kept every
-//!   entry they acknowledged. Network faults can stack on top: they cut
+//!   takes down (crashes or pauses) one broker at a time, or cuts the power
+//!   of a majority or of every broker at once: fsync is honoured, so every
+//!   entry a majority acknowledged survives even then. At every power cut
+//!   the broker's durable image must hold every entry it reported
+//!   persisted (G1 at the cut). Network faults can stack on top: they cut
 //!   brokers off but never touch disks, so they may stall a group but never
 //!   cost it data.
 //! - The lying disk (a negative control) breaks the first bound on purpose.
@@ -29,7 +31,7 @@ use keel_server::clock::{Clock, Skew};
 use keel_server::group::GroupId;
 use keel_server::node::{Node, NodeConfig};
 use keel_server::storage::crash_disk::CrashDisk;
-use keel_server::storage::NodeStore;
+use keel_server::storage::{NodeStore, PersistedMark};
 use madsim::net::NetSim;
 use madsim::rand::Rng;
 use madsim::runtime::{Handle, Runtime};
@@ -79,6 +81,8 @@ impl Plant {
             Plant::Bug(Bug::NoIdempotence) => G8,
             Plant::Bug(Bug::NeverExpireMembers) => L1,
             Plant::Bug(Bug::BatchingAnswersNewest) => G1,
+            Plant::Bug(Bug::PersistedBeforeSync) => G1,
+            Plant::Bug(Bug::SnapshotDropsLastRecord) => G6,
         }
     }
 
@@ -90,6 +94,8 @@ impl Plant {
             Plant::Bug(Bug::ConsumerNoOrderFilter) => &[FaultKind::LeaderCrash],
             Plant::Bug(Bug::CommitWithoutFence) => &[FaultKind::ConsumerPause],
             Plant::Bug(Bug::NeverExpireMembers) => &[FaultKind::ConsumerCrash],
+            Plant::Bug(Bug::PersistedBeforeSync) => &[FaultKind::Crash, FaultKind::PowerLossMidWrite],
+            Plant::Bug(Bug::SnapshotDropsLastRecord) => &[FaultKind::PartitionMinority, FaultKind::Crash],
             Plant::Bug(_) => &[],
         }
     }
@@ -112,6 +118,8 @@ pub struct RunReport {
     pub simulated_ms: u64,
     /// Faults injected, per kind.
     pub faults: BTreeMap<String, u64>,
+    /// Raft snapshots built and installed, over every broker and restart.
+    pub snapshots: (u64, u64),
 }
 
 /// The scenario a run of `seed` with `options` uses.
@@ -126,6 +134,9 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         }
         if plant == Plant::Bug(Bug::BatchingAnswersNewest) {
             scenario.batching_producers = true;
+        }
+        if plant == Plant::Bug(Bug::SnapshotDropsLastRecord) {
+            scenario.snapshot_every = Some(scenario.snapshot_every.unwrap_or(10).min(10));
         }
         if plant == Plant::Bug(Bug::ConsumerNoOrderFilter) {
             scenario.ack_every_polls = scenario.ack_every_polls.max(2);
@@ -178,7 +189,15 @@ pub fn run_seed(seed: u64, options: RunOptions) -> RunReport {
             *faults.entry(kind.clone()).or_insert(0) += 1;
         }
     }
-    RunReport { trace_hash: trace_hash(&events), scenario, events, verdict, simulated_ms, faults }
+    // The counts restart with each incarnation: sum each one's last sample.
+    let mut snapshot_samples = BTreeMap::new();
+    for event in &events {
+        if let EventKind::Snapshots { broker, incarnation, built, installed } = &event.kind {
+            snapshot_samples.insert((*broker, *incarnation), (*built, *installed));
+        }
+    }
+    let snapshots = snapshot_samples.values().fold((0, 0), |(b, i), (built, installed)| (b + built, i + installed));
+    RunReport { trace_hash: trace_hash(&events), scenario, events, verdict, simulated_ms, faults, snapshots }
 }
 
 fn broker_address(id: u64) -> SocketAddr {
@@ -192,8 +211,13 @@ struct SimBroker {
     host: HostId,
     disk: Arc<Mutex<CrashDisk>>,
     node: Arc<Mutex<Option<Node>>>,
+    /// The store of the running incarnation (its persisted marks).
+    store: Arc<Mutex<Option<Arc<NodeStore>>>>,
     clock: Clock,
     incarnation: Arc<AtomicU64>,
+    /// Set while the disk is made to fail: the broker stopping on its I/O
+    /// error is then what it must do, not a failure to report.
+    disk_failing: Arc<AtomicBool>,
 }
 
 impl SimBroker {
@@ -258,9 +282,11 @@ fn start_broker(
     let slot = BrokerSlot {
         disk: Arc::new(Mutex::new(disk)),
         node: Arc::new(Mutex::new(None)),
+        store: Arc::new(Mutex::new(None)),
         clock: Clock::system(),
         incarnation: Arc::new(AtomicU64::new(0)),
     };
+    let snapshot_every = scenario.snapshot_every;
     let init_slot = slot.clone();
     let host = handle
         .create_node()
@@ -287,8 +313,15 @@ fn start_broker(
                         NodeStore::open_with_backend(fresh).expect("an empty disk opens")
                     }
                 };
+                *slot.store.lock().expect("store slot") = Some(store.clone());
                 let address = broker_address(id);
-                let config = NodeConfig::new(id, address, address.to_string(), voters);
+                let mut config = NodeConfig::new(id, address, address.to_string(), voters);
+                if let Some(every) = snapshot_every {
+                    config.raft.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(every);
+                    // Purge right behind each snapshot: a replica that falls
+                    // behind catches up by snapshot install.
+                    config.raft.max_in_snapshot_log_to_keep = 0;
+                }
                 match Node::start(config, store, slot.clock.clone()).await {
                     Ok(node) => *slot.node.lock().expect("node slot") = Some(node),
                     Err(error) => {
@@ -309,8 +342,10 @@ fn start_broker(
         host: host.id(),
         disk: slot.disk,
         node: slot.node,
+        store: slot.store,
         clock: slot.clock,
         incarnation: slot.incarnation,
+        disk_failing: Arc::new(AtomicBool::new(false)),
     }
 }
 
@@ -320,6 +355,7 @@ fn start_broker(
 struct BrokerSlot {
     disk: Arc<Mutex<CrashDisk>>,
     node: Arc<Mutex<Option<Node>>>,
+    store: Arc<Mutex<Option<Arc<NodeStore>>>>,
     clock: Clock,
     incarnation: Arc<AtomicU64>,
 }
@@ -686,18 +722,30 @@ async fn sample_positions(world: World) {
     // (broker, incarnation, topic, partition, group) -> (position, high watermark)
     type Sampled = BTreeMap<(u64, u64, String, u32, String), (u64, u64)>;
     let mut last = Sampled::new();
+    let mut last_snapshots: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
     loop {
         for broker in &world.brokers {
             let Some(node) = broker.node() else { continue };
             if let Some(fatal) = node.fatal_error() {
-                world.record(
-                    &format!("broker-{}", broker.id),
-                    EventKind::NodeFailure { broker: broker.id, reason: fatal },
-                );
-                *broker.node.lock().expect("node slot") = None;
+                if !broker.disk_failing.load(Ordering::SeqCst) {
+                    world.record(
+                        &format!("broker-{}", broker.id),
+                        EventKind::NodeFailure { broker: broker.id, reason: fatal },
+                    );
+                    *broker.node.lock().expect("node slot") = None;
+                }
                 continue;
             }
             let incarnation = broker.incarnation.load(Ordering::SeqCst);
+            let (built, installed) = node.snapshot_counts();
+            let key = (broker.id, incarnation);
+            if last_snapshots.get(&key).copied().unwrap_or((0, 0)) != (built, installed) {
+                last_snapshots.insert(key, (built, installed));
+                world.record(
+                    &format!("broker-{}", broker.id),
+                    EventKind::Snapshots { broker: broker.id, incarnation, built, installed },
+                );
+            }
             for topic in &world.scenario.topics {
                 for partition in 0..topic.partitions {
                     let tp = TopicPartition::new(
@@ -761,17 +809,70 @@ fn fault_duration(world: &World, rng: &mut impl Rng) -> Duration {
 }
 
 /// Power cut: freeze the disk (madsim's kill runs destructors, which would
-/// close redb cleanly), keep what the disk kept, kill the host.
-fn power_cut(broker: &SimBroker, seed: u64) {
+/// close redb cleanly), keep what the disk kept, kill the host. Then check
+/// the kept image against what the broker reported persisted (G1 at the cut).
+fn power_cut(world: &World, broker: &SimBroker, seed: u64) {
     let handle = Handle::current();
-    {
+    let kept = {
         let mut disk = broker.disk.lock().expect("disk");
         disk.freeze();
-        let kept = disk.crash(seed);
-        *disk = kept;
-    }
+        // Frozen: nothing more can be reported persisted.
+        let image = disk.crash(seed);
+        // Two exact copies of the image (nothing is pending on it): one to
+        // restart from, one to inspect.
+        *disk = image.crash(0);
+        image.crash(1)
+    };
+    let marks = broker.store.lock().expect("store slot").take().map(|s| s.ledger().persisted_marks());
     handle.kill(broker.host);
     *broker.node.lock().expect("node slot") = None;
+    if let Some(marks) = marks {
+        let lost = persisted_but_lost(kept, &marks);
+        world.record(
+            &format!("broker-{}", broker.id),
+            EventKind::PowerCut { broker: broker.id, groups: marks.len() as u64, lost },
+        );
+    }
+}
+
+/// The groups whose entry the broker reported persisted is not in its
+/// durable image (neither at its index nor purged behind a snapshot).
+fn persisted_but_lost(image: CrashDisk, marks: &BTreeMap<String, PersistedMark>) -> Vec<String> {
+    if marks.is_empty() {
+        return Vec::new();
+    }
+    let opened = std::panic::catch_unwind(AssertUnwindSafe(|| NodeStore::open_with_backend(image)));
+    let store = match opened {
+        Ok(Ok(store)) => store,
+        // DiskLost reports it when the broker restarts.
+        _ => return Vec::new(),
+    };
+    let mut lost = Vec::new();
+    for (group, mark) in marks {
+        let (at, purged) = match store.log_entry_at(group, mark.index) {
+            Ok(found) => found,
+            Err(error) => {
+                lost.push(format!("group {group}: the durable image does not read: {error}"));
+                continue;
+            }
+        };
+        let covered = purged.is_some_and(|p| p.index >= mark.index);
+        let held = match mark.log_id {
+            Some(log_id) => at == Some(log_id),
+            None => at.is_some(),
+        };
+        if !(covered || held) {
+            lost.push(format!(
+                "group {group}: reported {} persisted, but the durable image holds {} at index {} (purged up to {})",
+                mark.log_id.map_or_else(|| format!("index {}", mark.index), |l| l.to_string()),
+                at.map_or_else(|| "nothing".to_string(), |l| l.to_string()),
+                mark.index,
+                purged.map_or_else(|| "none".to_string(), |p| p.to_string()),
+            ));
+        }
+    }
+    store.close();
+    lost
 }
 
 /// The leader of a random group (metadata or a partition), as any live
@@ -785,39 +886,69 @@ fn some_leader(world: &World, rng: &mut impl Rng) -> Option<u64> {
     leader.or_else(|| node.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader))
 }
 
-/// Crashes and pauses, one broker at a time.
+/// Crashes and pauses of one broker at a time, and power cuts of many.
 fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
         let mut rng = madsim::rand::thread_rng();
         let handle = Handle::current();
+        let n = world.scenario.brokers;
         while let Some(kind) = next_fault(&world, &over, &mut rng, FaultKind::is_node_fault).await {
             let target = match kind {
                 FaultKind::LeaderCrash => some_leader(&world, &mut rng).unwrap_or(1),
-                _ => rng.gen_range(1..=world.scenario.brokers),
+                _ => rng.gen_range(1..=n),
             };
-            let broker = world.brokers[target as usize - 1].clone();
             let duration = fault_duration(&world, &mut rng);
+            let targets: Vec<u64> = match kind {
+                FaultKind::PowerLossMajority => {
+                    let mut ids: Vec<u64> = (1..=n).collect();
+                    for i in (1..ids.len()).rev() {
+                        ids.swap(i, rng.gen_range(0..=i));
+                    }
+                    ids.truncate(n as usize / 2 + 1);
+                    ids.sort();
+                    ids
+                }
+                FaultKind::PowerLossAll => (1..=n).collect(),
+                _ => vec![target],
+            };
+            let detail = match targets.as_slice() {
+                [one] => format!("broker {one}"),
+                many => format!("brokers {many:?}"),
+            };
+            world.record("faults", EventKind::Fault { kind: kind.name().into(), detail: detail.clone() });
+            let brokers: Vec<SimBroker> = targets.iter().map(|t| world.brokers[*t as usize - 1].clone()).collect();
             match kind {
                 FaultKind::Pause => {
-                    world.record(
-                        "faults",
-                        EventKind::Fault { kind: kind.name().into(), detail: format!("broker {target}") },
-                    );
-                    handle.pause(broker.host);
+                    handle.pause(brokers[0].host);
                     madsim::time::sleep(duration).await;
-                    handle.resume(broker.host);
+                    handle.resume(brokers[0].host);
                 }
-                _ => {
-                    world.record(
-                        "faults",
-                        EventKind::Fault { kind: kind.name().into(), detail: format!("broker {target}") },
-                    );
-                    power_cut(&broker, rng.gen());
-                    madsim::time::sleep(duration).await;
+                FaultKind::PowerLossMidWrite => {
+                    let broker = &brokers[0];
+                    // The power goes after a few more writes; the broker must
+                    // stop on the failed write (or sync) rather than go on.
+                    broker.disk_failing.store(true, Ordering::SeqCst);
+                    broker.disk.lock().expect("disk").fail_after_writes(rng.gen_range(0..40));
+                    let until = world.now_ms() + duration.as_millis() as u64;
+                    while !broker.disk.lock().expect("disk").is_frozen() && world.now_ms() < until {
+                        madsim::time::sleep(Duration::from_millis(1)).await;
+                    }
+                    power_cut(&world, broker, rng.gen());
+                    madsim::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
+                    broker.disk_failing.store(false, Ordering::SeqCst);
                     handle.restart(broker.host);
                 }
+                _ => {
+                    for broker in &brokers {
+                        power_cut(&world, broker, rng.gen());
+                    }
+                    madsim::time::sleep(duration).await;
+                    for broker in &brokers {
+                        handle.restart(broker.host);
+                    }
+                }
             }
-            world.record("faults", EventKind::Heal { kind: kind.name().into(), detail: format!("broker {target}") });
+            world.record("faults", EventKind::Heal { kind: kind.name().into(), detail });
         }
     })
 }
@@ -1095,9 +1226,9 @@ async fn final_reads(world: &World) {
                 let tp = TopicPartition::new(TopicName::new(topic.name.as_str()).expect("name"), PartitionIndex(p));
                 let read = node.read_partition(&tp, |state, log| {
                     let records = state.read(log, state.log_start(), u32::MAX, u64::MAX).unwrap_or_default();
-                    (state.log_start().0, records)
+                    (state.log_start().0, state.high_watermark().0, records)
                 });
-                let Some((log_start, records)) = read else { continue };
+                let Some((log_start, high_watermark, records)) = read else { continue };
                 let records = records
                     .iter()
                     .map(|r| Seen {
@@ -1113,6 +1244,7 @@ async fn final_reads(world: &World) {
                         topic: topic.name.clone(),
                         partition: p,
                         log_start,
+                        high_watermark,
                         records,
                     },
                 );

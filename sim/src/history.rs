@@ -106,6 +106,9 @@ pub enum EventKind {
         topic: String,
         partition: u32,
         log_start: u64,
+        /// The replica's applied high watermark: `records` must be exactly
+        /// the offsets from `log_start` up to it.
+        high_watermark: u64,
         records: Vec<Seen>,
     },
     /// The group as the coordinator sees it at the end of the liveness phase.
@@ -119,6 +122,21 @@ pub enum EventKind {
     DiskLost {
         broker: u64,
         reason: String,
+    },
+    /// A broker lost power: `groups` persisted marks were checked against
+    /// its durable image, and `lost` says which ones it did not hold (G1).
+    PowerCut {
+        broker: u64,
+        groups: u64,
+        lost: Vec<String>,
+    },
+    /// Raft snapshots a broker built and installed so far in this
+    /// incarnation (sampled when they change).
+    Snapshots {
+        broker: u64,
+        incarnation: u64,
+        built: u64,
+        installed: u64,
     },
     /// A node failed: a panic, or a fatal error.
     NodeFailure {

@@ -38,10 +38,22 @@ pub enum FaultKind {
     ConsumerCrash,
     /// A consumer's process stops past its session, then resumes.
     ConsumerPause,
+    /// Power cut on a majority of the brokers at once, then restart. Disks
+    /// honour fsync, so nothing acknowledged may be lost.
+    PowerLossMajority,
+    /// Power cut on every broker at once, then restart.
+    PowerLossAll,
+    /// A broker's disk loses power in the middle of its writes (after a
+    /// drawn number of them): the broker must stop on the I/O error, and
+    /// restarts from what its disk kept.
+    PowerLossMidWrite,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 13] = [
+    /// Every kind. A seed draws the first [`FaultKind::FIRST_DRAWN`] in one
+    /// go and the later ones after the rest of its scenario, so that adding
+    /// a kind leaves every earlier choice of every seed as it was.
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::Crash,
         FaultKind::LeaderCrash,
         FaultKind::Pause,
@@ -55,7 +67,14 @@ impl FaultKind {
         FaultKind::ClockJump,
         FaultKind::ConsumerCrash,
         FaultKind::ConsumerPause,
+        FaultKind::PowerLossMajority,
+        FaultKind::PowerLossAll,
+        FaultKind::PowerLossMidWrite,
     ];
+
+    /// Kinds drawn with the first choices of a seed (the ones that existed
+    /// when seeds were first recorded).
+    pub const FIRST_DRAWN: usize = 13;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -72,12 +91,23 @@ impl FaultKind {
             FaultKind::ClockJump => "clock-jump",
             FaultKind::ConsumerCrash => "consumer-crash",
             FaultKind::ConsumerPause => "consumer-pause",
+            FaultKind::PowerLossMajority => "power-loss-majority",
+            FaultKind::PowerLossAll => "power-loss-all",
+            FaultKind::PowerLossMidWrite => "power-loss-mid-write",
         }
     }
 
     /// Faults that take brokers down or cut them off.
     pub fn is_node_fault(self) -> bool {
-        matches!(self, FaultKind::Crash | FaultKind::LeaderCrash | FaultKind::Pause)
+        matches!(
+            self,
+            FaultKind::Crash
+                | FaultKind::LeaderCrash
+                | FaultKind::Pause
+                | FaultKind::PowerLossMajority
+                | FaultKind::PowerLossAll
+                | FaultKind::PowerLossMidWrite
+        )
     }
 
     pub fn is_network_fault(self) -> bool {
@@ -138,6 +168,11 @@ pub struct Scenario {
     pub ack_every_polls: u32,
     /// Fault kinds this seed enables.
     pub faults: Vec<FaultKind>,
+    /// Every broker snapshots each Raft group every so many entries and
+    /// purges the log behind the snapshot, so snapshots are built, purged
+    /// and installed on replicas that fell behind; `None`: keel's default
+    /// (5,000 entries, never reached in a run).
+    pub snapshot_every: Option<u64>,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -161,10 +196,10 @@ impl Scenario {
             .collect();
         // Swarm testing: each kind is on with probability one half, and at
         // least one is on.
-        let mut faults: Vec<FaultKind> =
-            FaultKind::ALL.iter().copied().filter(|_| all_faults || rng.gen_bool(0.5)).collect();
+        let first = &FaultKind::ALL[..FaultKind::FIRST_DRAWN];
+        let mut faults: Vec<FaultKind> = first.iter().copied().filter(|_| all_faults || rng.gen_bool(0.5)).collect();
         if faults.is_empty() {
-            faults.push(FaultKind::ALL[rng.gen_range(0..FaultKind::ALL.len())]);
+            faults.push(first[rng.gen_range(0..first.len())]);
         }
         Scenario {
             seed,
@@ -184,14 +219,26 @@ impl Scenario {
             safety_ms: 20_000,
             liveness_ms: 60_000,
             // Drawn last, so that every earlier choice of a seed is what it
-            // was before this lane existed.
+            // was before these lanes existed.
             batching_producers: false,
+            snapshot_every: None,
         }
-        .with_batching(&mut rng)
+        .with_later_lanes(&mut rng, all_faults)
     }
 
-    fn with_batching(mut self, rng: &mut StdRng) -> Scenario {
+    /// The lanes added after seeds were first recorded, each drawn after
+    /// everything before it (in the order they were added).
+    fn with_later_lanes(mut self, rng: &mut StdRng, all_faults: bool) -> Scenario {
         self.batching_producers = rng.gen_bool(0.5);
+        if all_faults || rng.gen_bool(0.5) {
+            self.snapshot_every = Some(rng.gen_range(5..=40));
+        }
+        for kind in &FaultKind::ALL[FaultKind::FIRST_DRAWN..] {
+            if all_faults || rng.gen_bool(0.5) {
+                self.faults.push(*kind);
+            }
+        }
+        self.faults.sort();
         self
     }
 
@@ -218,7 +265,8 @@ impl Scenario {
             "seed {seed}: {brokers} brokers; topics {topics}; {producers} producers x {batches} batches of 1-{records} \
              records every {interval} ms{batching}; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
              hostile ack every {hostile}); \
-             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms; safety {safety} ms, liveness bound {liveness} ms",
+             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms; snapshots {snapshots}; \
+             safety {safety} ms, liveness bound {liveness} ms",
             seed = self.seed,
             brokers = self.brokers,
             topics = topics.join(", "),
@@ -235,6 +283,10 @@ impl Scenario {
             fault_interval = self.fault_interval_ms,
             d0 = self.fault_duration_ms.0,
             d1 = self.fault_duration_ms.1,
+            snapshots = match self.snapshot_every {
+                Some(n) => format!("every {n} entries"),
+                None => "default".to_string(),
+            },
             safety = self.safety_ms,
             liveness = self.liveness_ms,
         )

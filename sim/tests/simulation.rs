@@ -121,6 +121,26 @@ fn l1_catches_a_coordinator_that_never_expires_members() {
 }
 
 #[test]
+fn g1_at_every_power_cut_catches_persistence_reported_before_the_fsync() {
+    caught_within(Plant::Bug(Bug::PersistedBeforeSync), 10);
+    // Caught at the cut itself, from the broker's own durable image.
+    let report = run_seed(0, RunOptions { all_faults: false, plant: Some(Plant::Bug(Bug::PersistedBeforeSync)) });
+    assert!(
+        report.verdict.violations.iter().any(|v| v.message.contains("lost an entry it reported persisted")),
+        "{:?}",
+        report.verdict.violations
+    );
+}
+
+#[test]
+fn g6_catches_a_snapshot_that_drops_a_record() {
+    caught_within(Plant::Bug(Bug::SnapshotDropsLastRecord), 3);
+    // The seed's own snapshot lane builds and installs snapshots.
+    let report = run_seed(0, RunOptions { all_faults: true, plant: None });
+    assert!(report.snapshots.0 > 0, "no snapshot was built: {:?}", report.snapshots);
+}
+
+#[test]
 fn a_seed_replays_exactly_in_a_batch_and_in_another_process() {
     let options = RunOptions { all_faults: true, plant: None };
     let batch: Vec<u64> = [3, 8, 3, 8].iter().map(|seed| run_seed(*seed, options).trace_hash).collect();

@@ -18,6 +18,7 @@ use openraft::{Entry, ErrorSubject, ErrorVerb, RaftLogReader, StorageIOError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use super::ledger::MarkChange;
 use super::store::{NodeStore, StoreError, LOG, RAFT_META};
 use crate::raft::types::{LogId, StorageError, TypeConfig, Vote};
 
@@ -221,6 +222,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .collect::<Result<_, StoreError>>()
             .map_err(log_error(ErrorVerb::Write))?;
         let written: Vec<LogId> = entries.iter().map(|e| e.log_id).collect();
+        let Some(last) = written.last().copied() else {
+            // Nothing to write: persisted already.
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        };
         self.queued.lock().expect("queued entries").extend(entries.into_iter().map(|e| (e.log_id.index, e)));
         let group = self.group.clone();
         let write = move |txn: &redb::WriteTransaction| {
@@ -241,10 +247,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 }
             }
         };
-        self.store.queue_reporting_persisted(write, committed, callback).map_err(log_error(ErrorVerb::Write))
+        self.store
+            .queue_reporting_persisted(write, committed, callback, self.group.clone(), last)
+            .map_err(log_error(ErrorVerb::Write))
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        // In order with the reports queued before it: entries from here on
+        // are no longer persisted on this node.
+        self.store.mark(MarkChange::Truncated(self.group.clone(), log_id.index));
         // Index u64::MAX itself is never used by openraft.
         self.delete(log_id.index, u64::MAX, None).await.map_err(log_error(ErrorVerb::Delete))
     }

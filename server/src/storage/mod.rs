@@ -18,12 +18,14 @@
 //! - After any storage error the store refuses further work (fatal).
 
 pub mod crash_disk;
+mod ledger;
 mod log_store;
 mod records;
 pub mod snapshot_file;
 mod state_machine;
 mod store;
 
+pub use ledger::{Ledger, PersistedMark};
 pub use log_store::LogStore;
 pub use records::{RecordReader, RecordWriter};
 pub use state_machine::{GroupState, GroupStateMachine, SharedGroupState};

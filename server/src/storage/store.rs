@@ -8,7 +8,8 @@ use openraft::storage::LogFlushed;
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::raft::types::TypeConfig;
+use super::ledger::{Ledger, MarkChange};
+use crate::raft::types::{LogId, TypeConfig};
 
 /// Raft log entries: (group key, log index) -> postcard(Entry).
 pub(crate) const LOG: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("raft_log");
@@ -82,9 +83,11 @@ type WriteOp = Box<dyn FnOnce(&WriteTransaction) -> Result<Completion, StoreErro
 enum Job {
     /// Run `op` in the next transaction; commit it durably if `durable`.
     Write { op: WriteOp, durable: bool },
-    /// Tell openraft these log entries are persisted after the next durable
-    /// commit.
-    Persisted(LogFlushed<TypeConfig>),
+    /// Tell openraft these log entries (up to `last`, of `group`) are
+    /// persisted after the next durable commit.
+    Persisted { callback: LogFlushed<TypeConfig>, group: String, last: LogId },
+    /// Change a persisted mark once the batch is through (in job order).
+    Mark(MarkChange),
     /// Release the database and stop.
     Close,
 }
@@ -105,6 +108,7 @@ pub struct NodeStore {
     db: Mutex<Option<Arc<Database>>>,
     jobs: mpsc::UnboundedSender<Job>,
     poisoned: Arc<AtomicBool>,
+    ledger: Arc<Ledger>,
 }
 
 impl std::fmt::Debug for NodeStore {
@@ -145,9 +149,47 @@ impl NodeStore {
         txn.commit()?;
         let db = Arc::new(db);
         let poisoned = Arc::new(AtomicBool::new(false));
+        let ledger = Arc::new(Ledger::default());
         let (jobs, queue) = mpsc::unbounded_channel();
-        start_writer(Writer { db: Some(db.clone()), queue, poisoned: poisoned.clone() });
-        Ok(Arc::new(NodeStore { db: Mutex::new(Some(db)), jobs, poisoned }))
+        start_writer(Writer { db: Some(db.clone()), queue, poisoned: poisoned.clone(), ledger: ledger.clone() });
+        Ok(Arc::new(NodeStore { db: Mutex::new(Some(db)), jobs, poisoned, ledger }))
+    }
+
+    /// What this node reported persisted, and its snapshot counts.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Record a change of a persisted mark, in order with the writes queued
+    /// before it.
+    pub(crate) fn mark(&self, change: MarkChange) {
+        if let Err(mpsc::error::SendError(Job::Mark(change))) = self.jobs.send(Job::Mark(change)) {
+            // The writer is gone: nothing more is reported persisted, and
+            // lowering a mark is always safe.
+            if !matches!(change, MarkChange::Reported(..)) {
+                self.ledger.apply(change);
+            }
+        }
+    }
+
+    /// The id of `group`'s log entry at `index`, and the last purged log
+    /// id, as this database holds them (the simulation inspects a disk's
+    /// durable image with it).
+    pub fn log_entry_at(&self, group: &str, index: u64) -> Result<(Option<LogId>, Option<LogId>), StoreError> {
+        self.read(|txn| {
+            let entry = match txn.open_table(LOG)?.get((group, index))? {
+                Some(value) => {
+                    let entry: openraft::Entry<TypeConfig> = postcard::from_bytes(value.value())?;
+                    Some(entry.log_id)
+                }
+                None => None,
+            };
+            let purged = match txn.open_table(RAFT_META)?.get((group, "purged"))? {
+                Some(value) => Some(postcard::from_bytes(value.value())?),
+                None => None,
+            };
+            Ok((entry, purged))
+        })
     }
 
     pub(crate) fn db(&self) -> Result<Arc<Database>, StoreError> {
@@ -209,6 +251,8 @@ impl NodeStore {
         write: impl FnOnce(&WriteTransaction) -> Result<(), StoreError> + Send + 'static,
         committed: impl FnOnce() + Send + 'static,
         callback: LogFlushed<TypeConfig>,
+        group: String,
+        last: LogId,
     ) -> Result<(), StoreError> {
         if let Err(error) = self.db() {
             callback.log_io_completed(Err(std::io::Error::other(error.to_string())));
@@ -227,7 +271,14 @@ impl NodeStore {
             callback.log_io_completed(Err(std::io::Error::other(StoreError::Closed.to_string())));
             return Err(StoreError::Closed);
         }
-        self.persisted_later(callback);
+        #[cfg(madsim)]
+        if keel_core::planted::is_planted(keel_core::planted::Bug::PersistedBeforeSync) {
+            // The planted bug: persisted as soon as queued, before any fsync.
+            self.ledger.apply(MarkChange::Reported(group, last));
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
+        self.persisted_later(callback, group, last);
         Ok(())
     }
 
@@ -284,8 +335,10 @@ impl NodeStore {
 
     /// Report `callback` (log entries already queued) persisted after the
     /// writer's next durable commit.
-    fn persisted_later(&self, callback: LogFlushed<TypeConfig>) {
-        if let Err(mpsc::error::SendError(Job::Persisted(callback))) = self.jobs.send(Job::Persisted(callback)) {
+    fn persisted_later(&self, callback: LogFlushed<TypeConfig>, group: String, last: LogId) {
+        if let Err(mpsc::error::SendError(Job::Persisted { callback, .. })) =
+            self.jobs.send(Job::Persisted { callback, group, last })
+        {
             callback.log_io_completed(Err(std::io::Error::other(StoreError::Closed.to_string())));
         }
     }
@@ -294,6 +347,7 @@ impl NodeStore {
     /// state machine, records and snapshots. For a group whose topic was
     /// deleted, after its Raft has stopped.
     pub async fn remove_group(&self, group: &str) -> Result<(), StoreError> {
+        self.mark(MarkChange::Forgotten(group.to_string()));
         let group = group.to_string();
         self.write(false, move |txn| {
             let key = group.as_str();
@@ -328,6 +382,7 @@ struct Writer {
     db: Option<Arc<Database>>,
     queue: mpsc::UnboundedReceiver<Job>,
     poisoned: Arc<AtomicBool>,
+    ledger: Arc<Ledger>,
 }
 
 impl Writer {
@@ -354,11 +409,18 @@ impl Writer {
     fn run(&mut self, jobs: Vec<Job>) -> bool {
         let mut writes = Vec::new();
         let mut persisted = Vec::new();
+        // Mark changes in job order: a report, then a truncation behind it,
+        // leaves the mark lowered.
+        let mut marks = Vec::new();
         let mut open = true;
         for job in jobs {
             match job {
                 Job::Write { op, durable } => writes.push((op, durable)),
-                Job::Persisted(callback) => persisted.push(callback),
+                Job::Persisted { callback, group, last } => {
+                    persisted.push(callback);
+                    marks.push(MarkChange::Reported(group, last));
+                }
+                Job::Mark(change) => marks.push(change),
                 Job::Close => open = false,
             }
         }
@@ -376,8 +438,22 @@ impl Writer {
         for complete in completions {
             complete(outcome(&written));
         }
-        if !persisted.is_empty() {
-            let synced = if durable || written.is_err() { written } else { self.transaction(true, |_| Ok(())) };
+        let synced = if persisted.is_empty() {
+            None
+        } else if durable || written.is_err() {
+            Some(written)
+        } else {
+            Some(self.transaction(true, |_| Ok(())))
+        };
+        // Reports raise marks only once they are true; a failed batch
+        // still lowers them.
+        let reported = synced.as_ref().is_some_and(|s| s.is_ok());
+        for change in marks {
+            if reported || !matches!(change, MarkChange::Reported(..)) {
+                self.ledger.apply(change);
+            }
+        }
+        if let Some(synced) = synced {
             for callback in persisted {
                 callback.log_io_completed(outcome(&synced).map_err(|e| std::io::Error::other(e.to_string())));
             }

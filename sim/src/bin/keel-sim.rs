@@ -52,7 +52,8 @@ mod cli {
         /// Plant a known bug (a negative control): lying-disk,
         /// commit-without-fence, no-idempotence, wall-clock-apply,
         /// commit-unchecked, panic-on-bad-commit, consumer-no-order-filter,
-        /// never-expire-members, batching-answers-newest.
+        /// never-expire-members, batching-answers-newest,
+        /// persisted-before-sync, snapshot-drops-last-record.
         #[arg(long)]
         plant: Option<String>,
     }
@@ -104,6 +105,10 @@ mod cli {
         acknowledged: u64,
         duplicates: u64,
         faults: BTreeMap<String, u64>,
+        #[serde(default)]
+        snapshots_built: u64,
+        #[serde(default)]
+        snapshots_installed: u64,
         violations: Vec<String>,
     }
 
@@ -118,6 +123,8 @@ mod cli {
                 acknowledged: 0,
                 duplicates: 0,
                 faults: BTreeMap::new(),
+                snapshots_built: 0,
+                snapshots_installed: 0,
                 violations: vec![violation],
             }
         }
@@ -152,6 +159,8 @@ mod cli {
             acknowledged: report.verdict.acknowledged,
             duplicates: report.verdict.duplicates,
             faults: report.faults.clone(),
+            snapshots_built: report.snapshots.0,
+            snapshots_installed: report.snapshots.1,
             violations: report.verdict.violations.iter().map(|v| format!("{}: {}", v.guarantee, v.message)).collect(),
         }
     }
@@ -184,12 +193,15 @@ mod cli {
             return Ok(!failed);
         }
         println!(
-            "seed {}: {} simulated s, {} operations, {} records acknowledged, {} duplicate deliveries, faults {:?}",
+            "seed {}: {} simulated s, {} operations, {} records acknowledged, {} duplicate deliveries, \
+             {} snapshots built and {} installed, faults {:?}",
             summary.seed,
             summary.simulated_ms / 1000,
             summary.operations,
             summary.acknowledged,
             summary.duplicates,
+            summary.snapshots_built,
+            summary.snapshots_installed,
             summary.faults
         );
         println!("trace hash {:016x}", summary.trace_hash);
@@ -308,6 +320,13 @@ mod cli {
             done.len() as f64 / wall * 60.0
         );
         println!("faults injected: {faults:?}");
+        println!(
+            "snapshots: {} built, {} installed ({} of {} seeds installed one)",
+            done.iter().map(|s| s.snapshots_built).sum::<u64>(),
+            done.iter().map(|s| s.snapshots_installed).sum::<u64>(),
+            done.iter().filter(|s| s.snapshots_installed > 0).count(),
+            done.len()
+        );
         Ok(failing.is_empty())
     }
 
