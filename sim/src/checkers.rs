@@ -21,6 +21,8 @@ pub enum Guarantee {
     G7,
     G8,
     L1,
+    /// Not a broker guarantee: the same seed must run the same way twice.
+    Replay,
 }
 
 impl fmt::Display for Guarantee {
@@ -35,6 +37,7 @@ impl fmt::Display for Guarantee {
             Guarantee::G7 => "G7 node failure",
             Guarantee::G8 => "G8 idempotence",
             Guarantee::L1 => "L1 liveness",
+            Guarantee::Replay => "replay determinism",
         };
         f.write_str(name)
     }

@@ -50,18 +50,29 @@ pub enum Plant {
     LyingDisk,
     /// A bug planted in the broker, the state machines or the client.
     Bug(Bug),
+    /// The harness carries state from one run to the next (a process-wide
+    /// count of runs reaches the history), so the same seed runs
+    /// differently the second time (the replay check).
+    StateAcrossRuns,
 }
+
+/// Runs started in this process (read only by [`Plant::StateAcrossRuns`]).
+static RUNS_STARTED: AtomicU64 = AtomicU64::new(0);
 
 impl Plant {
     pub fn name(self) -> &'static str {
         match self {
             Plant::LyingDisk => "lying-disk",
             Plant::Bug(bug) => bug.name(),
+            Plant::StateAcrossRuns => "state-across-runs",
         }
     }
 
     pub fn all() -> Vec<Plant> {
-        std::iter::once(Plant::LyingDisk).chain(Bug::ALL.iter().map(|b| Plant::Bug(*b))).collect()
+        std::iter::once(Plant::LyingDisk)
+            .chain(Bug::ALL.iter().map(|b| Plant::Bug(*b)))
+            .chain([Plant::StateAcrossRuns])
+            .collect()
     }
 
     pub fn parse(name: &str) -> Option<Plant> {
@@ -73,6 +84,7 @@ impl Plant {
         use crate::checkers::Guarantee::*;
         match self {
             Plant::LyingDisk => G1,
+            Plant::StateAcrossRuns => Replay,
             Plant::Bug(Bug::WallClockApply) => G6,
             Plant::Bug(Bug::ConsumerNoOrderFilter) => G3,
             Plant::Bug(Bug::CommitUnchecked) => G4,
@@ -96,7 +108,7 @@ impl Plant {
             Plant::Bug(Bug::NeverExpireMembers) => &[FaultKind::ConsumerCrash],
             Plant::Bug(Bug::PersistedBeforeSync) => &[FaultKind::Crash, FaultKind::PowerLossMidWrite],
             Plant::Bug(Bug::SnapshotDropsLastRecord) => &[FaultKind::PartitionMinority, FaultKind::Crash],
-            Plant::Bug(_) => &[],
+            Plant::Bug(_) | Plant::StateAcrossRuns => &[],
         }
     }
 }
@@ -107,6 +119,12 @@ pub struct RunOptions {
     /// Enable every fault kind (otherwise the seed draws a swarm subset).
     pub all_faults: bool,
     pub plant: Option<Plant>,
+}
+
+/// Whether runs check their own determinism: `MADSIM_TEST_CHECK_DETERMINISM`
+/// set (as for madsim's own tests) runs every seed twice and compares.
+pub fn check_determinism_requested() -> bool {
+    std::env::var_os("MADSIM_TEST_CHECK_DETERMINISM").is_some()
 }
 
 /// Everything a run produced.
@@ -145,20 +163,60 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
     scenario
 }
 
-/// Run one seed to its verdict.
+/// Run one seed to its verdict (twice, compared, if
+/// [`check_determinism_requested`]).
+pub fn run_seed(seed: u64, options: RunOptions) -> RunReport {
+    run_scenario(scenario_for(seed, options), options.plant, check_determinism_requested())
+}
+
+/// Run `scenario` (its seed drives everything it leaves to chance) with
+/// `plant`. With `check_determinism`, run it a second time and report a
+/// violation if the two histories differ.
+pub fn run_scenario(scenario: Scenario, plant: Option<Plant>, check_determinism: bool) -> RunReport {
+    let mut report = run_once(scenario.clone(), plant);
+    if check_determinism {
+        let again = run_once(scenario, plant);
+        if again.trace_hash != report.trace_hash {
+            let diverged = report.events.iter().zip(&again.events).position(|(a, b)| a != b);
+            let at = diverged.unwrap_or(report.events.len().min(again.events.len()));
+            let show = |events: &[crate::history::Event]| {
+                events.get(at).map_or_else(|| "the end of the history".to_string(), |e| format!("{e:?}"))
+            };
+            report.verdict.violations.push(crate::checkers::Violation {
+                guarantee: crate::checkers::Guarantee::Replay,
+                message: format!(
+                    "two runs of seed {} differ (trace hashes {:016x} and {:016x}) from event {at}: {} vs {}",
+                    report.scenario.seed,
+                    report.trace_hash,
+                    again.trace_hash,
+                    show(&report.events),
+                    show(&again.events)
+                ),
+            });
+        }
+    }
+    report
+}
+
+/// One run.
 ///
 /// Each run gets a fresh OS thread (outside the simulation): std seeds the
 /// hash maps of a thread once, and madsim can seed them from the run's seed
 /// only on a thread that never made one. On a reused thread a run would
 /// depend on the runs before it.
-pub fn run_seed(seed: u64, options: RunOptions) -> RunReport {
-    let scenario = scenario_for(seed, options);
+fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
+    let seed = scenario.seed;
+    let options = RunOptions { all_faults: false, plant };
     let bugs: Vec<Bug> = match options.plant {
         Some(Plant::Bug(bug)) => vec![bug],
         _ => Vec::new(),
     };
     let recorder = Recorder::default();
     let lying = options.plant == Some(Plant::LyingDisk);
+    let runs_before = RUNS_STARTED.fetch_add(1, Ordering::SeqCst);
+    if options.plant == Some(Plant::StateAcrossRuns) {
+        recorder.record(0, "driver", EventKind::Phase { name: format!("after {runs_before} runs") });
+    }
     let (run_scenario, run_recorder) = (scenario.clone(), recorder.clone());
     let outcome = std::thread::spawn(move || {
         keel_core::planted::plant(&bugs);
@@ -237,6 +295,8 @@ struct World {
     consumer_hosts: Vec<HostId>,
     /// Producers that have sent all their batches.
     producers_done: Arc<AtomicU64>,
+    /// Faults the lanes may still inject (the scenario's `max_faults`).
+    faults_left: Arc<AtomicU64>,
     /// Links clogged by the network lane: (from, to).
     clogged: Arc<Mutex<BTreeSet<(HostId, HostId)>>>,
 }
@@ -375,6 +435,7 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
         producer_hosts: Vec::new(),
         consumer_hosts: Vec::new(),
         producers_done: Arc::new(AtomicU64::new(0)),
+        faults_left: Arc::new(AtomicU64::new(scenario.max_faults.unwrap_or(u64::MAX))),
         clogged: Arc::new(Mutex::new(BTreeSet::new())),
     };
     world.record("driver", EventKind::Phase { name: "setup".into() });
@@ -800,7 +861,12 @@ async fn next_fault(
     let interval = world.scenario.fault_interval_ms;
     madsim::time::sleep(Duration::from_millis(rng.gen_range(interval / 2..=interval * 3 / 2))).await;
     let kind = pick_fault(world, rng, lane)?;
-    (!over.load(Ordering::SeqCst)).then_some(kind)
+    if over.load(Ordering::SeqCst) {
+        return None;
+    }
+    // The run's fault budget, shared by every lane.
+    world.faults_left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| left.checked_sub(1)).ok()?;
+    Some(kind)
 }
 
 fn fault_duration(world: &World, rng: &mut impl Rng) -> Duration {

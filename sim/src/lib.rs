@@ -11,12 +11,17 @@
 //! - [`history`]: the recorded events, JSON lines and the trace hash (pure).
 //! - [`checkers`]: one checker per guarantee over a history (pure).
 //! - `harness` (simulation builds): one run of one seed.
+//! - `shrink` (simulation builds): a failing run down to its smallest scenario.
+//! - [`timeline`]: a history as a self-contained HTML timeline (pure).
 
 pub mod checkers;
 #[cfg(madsim)]
 pub mod harness;
 pub mod history;
 pub mod scenario;
+#[cfg(madsim)]
+pub mod shrink;
+pub mod timeline;
 
 #[cfg(test)]
 mod tests {

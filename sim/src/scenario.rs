@@ -5,10 +5,10 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A kind of fault the simulation injects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FaultKind {
     /// Power cut on a broker (unsynced writes lost or torn), then restart.
@@ -132,15 +132,18 @@ impl FaultKind {
 }
 
 /// One topic of the run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicSpec {
     pub name: String,
     pub partitions: u32,
     pub replication_factor: u32,
 }
 
-/// Everything a seed decides.
-#[derive(Debug, Clone, Serialize)]
+/// Everything a seed decides. A scenario can also be given whole (as
+/// JSON, `keel-sim run --scenario`): the shrinker writes the smaller
+/// scenarios it finds that way, and the seed still drives everything the
+/// scenario leaves to chance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Scenario {
     pub seed: u64,
     pub brokers: u64,
@@ -173,6 +176,10 @@ pub struct Scenario {
     /// and installed on replicas that fell behind; `None`: keel's default
     /// (5,000 entries, never reached in a run).
     pub snapshot_every: Option<u64>,
+    /// Most faults injected over the run, all lanes together (`None`: as
+    /// many as the lanes draw). Seeds never set it; the shrinker does.
+    #[serde(default)]
+    pub max_faults: Option<u64>,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -222,6 +229,7 @@ impl Scenario {
             // was before these lanes existed.
             batching_producers: false,
             snapshot_every: None,
+            max_faults: None,
         }
         .with_later_lanes(&mut rng, all_faults)
     }
@@ -265,7 +273,7 @@ impl Scenario {
             "seed {seed}: {brokers} brokers; topics {topics}; {producers} producers x {batches} batches of 1-{records} \
              records every {interval} ms{batching}; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
              hostile ack every {hostile}); \
-             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms; snapshots {snapshots}; \
+             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots}; \
              safety {safety} ms, liveness bound {liveness} ms",
             seed = self.seed,
             brokers = self.brokers,
@@ -283,6 +291,7 @@ impl Scenario {
             fault_interval = self.fault_interval_ms,
             d0 = self.fault_duration_ms.0,
             d1 = self.fault_duration_ms.1,
+            max_faults = self.max_faults.map_or_else(String::new, |n| format!(", at most {n}")),
             snapshots = match self.snapshot_every {
                 Some(n) => format!("every {n} entries"),
                 None => "default".to_string(),

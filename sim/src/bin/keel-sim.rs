@@ -1,5 +1,7 @@
-//! `keel-sim`: run one seed, sweep a range of seeds, or replay a seed with
-//! its history written out. Exits non-zero on any violation.
+//! `keel-sim`: run one seed, sweep a range of seeds, replay a seed with its
+//! history (and an HTML timeline) written out, shrink a failing seed to its
+//! smallest scenario, or run a campaign that does all of it within a time
+//! budget. Exits non-zero on any violation.
 //!
 //! Build and run it as `cargo keel-sim -- <command>` (a `--cfg madsim`
 //! build; see `.cargo/config.toml`).
@@ -23,8 +25,11 @@ mod cli {
     use std::time::{Duration, Instant};
 
     use clap::{Args, Parser, Subcommand};
-    use keel_sim::harness::{run_seed, scenario_for, Plant, RunOptions, RunReport};
-    use keel_sim::history::to_json_lines;
+    use keel_sim::harness::{check_determinism_requested, run_scenario, scenario_for, Plant, RunOptions, RunReport};
+    use keel_sim::history::{to_json_lines, EventKind};
+    use keel_sim::scenario::Scenario;
+    use keel_sim::shrink::{self, Shrunk};
+    use keel_sim::timeline;
     use serde::{Deserialize, Serialize};
 
     #[derive(Parser)]
@@ -42,6 +47,12 @@ mod cli {
         Sweep(SweepArgs),
         /// Run one seed again and write its history (JSON lines).
         Replay(RunArgs),
+        /// Shrink a failing seed: the smallest scenario that still breaks
+        /// the same guarantee, its history, timeline and replay command.
+        Shrink(ShrinkArgs),
+        /// Sweep fresh seeds for a time budget, shrink every failure, and
+        /// write one directory per failure and a summary.
+        Campaign(CampaignArgs),
     }
 
     #[derive(Args, Clone)]
@@ -53,15 +64,28 @@ mod cli {
         /// commit-without-fence, no-idempotence, wall-clock-apply,
         /// commit-unchecked, panic-on-bad-commit, consumer-no-order-filter,
         /// never-expire-members, batching-answers-newest,
-        /// persisted-before-sync, snapshot-drops-last-record.
+        /// persisted-before-sync, snapshot-drops-last-record,
+        /// state-across-runs (caught only with --check-determinism).
         #[arg(long)]
         plant: Option<String>,
     }
 
     #[derive(Args)]
     struct RunArgs {
+        /// The seed (or give --scenario).
+        #[arg(long, required_unless_present = "scenario")]
+        seed: Option<u64>,
+        /// Run this scenario (JSON, as `shrink` writes it) instead of the
+        /// seed's own; its seed drives everything it leaves to chance.
+        #[arg(long, conflicts_with = "seed")]
+        scenario: Option<PathBuf>,
+        /// Also write the run as a self-contained HTML timeline.
         #[arg(long)]
-        seed: u64,
+        html: Option<PathBuf>,
+        /// Run it twice and compare the histories (also on when
+        /// MADSIM_TEST_CHECK_DETERMINISM is set).
+        #[arg(long)]
+        check_determinism: bool,
         /// Write the history here (JSON lines); a failing run writes it to
         /// keel-sim-failures/seed-N.jsonl unless given.
         #[arg(long)]
@@ -69,6 +93,48 @@ mod cli {
         /// Print only a one-line JSON summary (used by sweeps).
         #[arg(long)]
         json: bool,
+        #[command(flatten)]
+        common: Common,
+    }
+
+    #[derive(Args)]
+    struct ShrinkArgs {
+        #[arg(long)]
+        seed: u64,
+        /// Most runs to spend.
+        #[arg(long, default_value_t = shrink::RUNS_MAX_DEFAULT)]
+        max_runs: u32,
+        /// Where to write minimal.json, the histories and timelines
+        /// (default keel-sim-failures/seed-N).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        common: Common,
+    }
+
+    #[derive(Args)]
+    struct CampaignArgs {
+        /// Wall-clock budget for sweeping, e.g. 10m or 1h (shrinking the
+        /// failures found comes after it).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        budget: Duration,
+        /// First seed (default: drawn from the clock, so each campaign
+        /// explores fresh seeds; printed, so it can be repeated).
+        #[arg(long)]
+        from: Option<u64>,
+        /// Seeds run at once (each in its own process).
+        #[arg(long, default_value_t = 2)]
+        jobs: usize,
+        /// Most runs each shrink spends.
+        #[arg(long, default_value_t = shrink::RUNS_MAX_DEFAULT)]
+        max_runs: u32,
+        /// Where to write one directory per failure and summary.json.
+        #[arg(long, default_value = "keel-sim-campaign")]
+        out: PathBuf,
+        /// A seed still running after this many wall seconds is killed and
+        /// reported.
+        #[arg(long, default_value_t = 300)]
+        seed_timeout_secs: u64,
         #[command(flatten)]
         common: Common,
     }
@@ -165,28 +231,53 @@ mod cli {
         }
     }
 
+    /// The scenario a run command names: a file, or the seed's own.
+    fn scenario_of(args: &RunArgs, options: RunOptions) -> Result<Scenario, String> {
+        match (&args.scenario, args.seed) {
+            (Some(path), _) => {
+                let text = std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+                serde_json::from_str(&text).map_err(|e| format!("{} is not a scenario: {e}", path.display()))
+            }
+            (None, Some(seed)) => Ok(scenario_for(seed, options)),
+            (None, None) => Err("give --seed or --scenario".into()),
+        }
+    }
+
+    fn write_file(path: &std::path::Path, contents: &str) -> Result<(), String> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        }
+        std::fs::write(path, contents).map_err(|e| format!("writing {}: {e}", path.display()))
+    }
+
+    fn timeline_of(report: &RunReport) -> String {
+        let title = format!("keel-sim seed {}: {}", report.scenario.seed, report.scenario.describe());
+        timeline::html(&title, &report.events, &report.verdict.violations)
+    }
+
     fn run(args: RunArgs, always_write: bool) -> Result<bool, String> {
         let options = options(&args.common)?;
+        let scenario = scenario_of(&args, options)?;
+        let seed = scenario.seed;
         if !args.json {
-            println!("{}", scenario_for(args.seed, options).describe());
+            println!("{}", scenario.describe());
         }
-        let report = run_seed(args.seed, options);
+        let report = run_scenario(scenario, options.plant, args.check_determinism || check_determinism_requested());
         let summary = summary(&report);
         let failed = !summary.violations.is_empty();
         let given = args.history.is_some();
         let history = match args.history {
             Some(path) => Some(path),
-            None if failed => Some(PathBuf::from(format!("keel-sim-failures/seed-{}.jsonl", args.seed))),
+            None if failed => Some(PathBuf::from(format!("keel-sim-failures/seed-{seed}.jsonl"))),
             None => None,
         };
         if let Some(path) = &history {
             if failed || always_write || given {
-                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-                }
-                std::fs::write(path, to_json_lines(&report.events))
-                    .map_err(|e| format!("writing {}: {e}", path.display()))?;
+                write_file(path, &to_json_lines(&report.events))?;
             }
+        }
+        if let Some(path) = &args.html {
+            write_file(path, &timeline_of(&report))?;
         }
         if args.json {
             println!("{}", serde_json::to_string(&summary).expect("summary serialises"));
@@ -208,16 +299,140 @@ mod cli {
         if let Some(path) = &history {
             println!("history: {}", path.display());
         }
+        if let Some(path) = &args.html {
+            println!("timeline: {}", path.display());
+        }
         if failed {
             println!("VIOLATIONS:");
             for violation in &summary.violations {
                 println!("  {violation}");
             }
-            println!("replay: {}", replay_command(args.seed, &args.common));
+            match &args.scenario {
+                Some(path) => {
+                    let plant = args.common.plant.as_ref().map_or_else(String::new, |p| format!(" --plant {p}"));
+                    println!("replay: cargo keel-sim -- replay --scenario {}{plant}", path.display())
+                }
+                None => {
+                    println!("replay: {}", replay_command(seed, &args.common));
+                    println!("shrink: {}", shrink_command_line(seed, &args.common));
+                }
+            }
         } else {
             println!("ok: every guarantee held");
         }
         Ok(!failed)
+    }
+
+    fn shrink_command_line(seed: u64, common: &Common) -> String {
+        let mut command = format!("cargo keel-sim -- shrink --seed {seed}");
+        if common.all_faults {
+            command.push_str(" --all-faults");
+        }
+        if let Some(plant) = &common.plant {
+            command.push_str(&format!(" --plant {plant}"));
+        }
+        command
+    }
+
+    /// The faults a run injected, one line each, in order.
+    fn fault_schedule(report: &RunReport) -> Vec<String> {
+        report
+            .events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::Fault { kind, detail } => Some(format!("{:>6} ms  {kind}: {detail}", e.at_ms)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Write a shrink's files to `dir`; returns the replay command.
+    fn write_shrunk(
+        dir: &std::path::Path,
+        shrunk: &Shrunk,
+        original: &RunReport,
+        common: &Common,
+    ) -> Result<String, String> {
+        let minimal = dir.join("minimal.json");
+        write_file(&minimal, &serde_json::to_string_pretty(&shrunk.minimal).expect("scenarios serialise"))?;
+        write_file(&dir.join("history.jsonl"), &to_json_lines(&original.events))?;
+        write_file(&dir.join("timeline.html"), &timeline_of(original))?;
+        write_file(&dir.join("minimal-history.jsonl"), &to_json_lines(&shrunk.report.events))?;
+        write_file(&dir.join("minimal-timeline.html"), &timeline_of(&shrunk.report))?;
+        let plant = common.plant.as_ref().map_or_else(String::new, |p| format!(" --plant {p}"));
+        let replay = format!(
+            "cargo keel-sim -- replay --scenario {}{plant} --html {}",
+            minimal.display(),
+            dir.join("minimal-timeline.html").display()
+        );
+        let schedule = fault_schedule(&shrunk.report);
+        let mut text = format!(
+            "{} of seed {}, shrunk in {} runs ({} steps: {})\nminimal scenario: {}\nminimal fault schedule ({} faults):\n",
+            shrunk.guarantee,
+            shrunk.original.seed,
+            shrunk.runs,
+            shrunk.steps.len(),
+            shrunk.steps.join(", "),
+            shrunk.minimal.describe(),
+            schedule.len()
+        );
+        for line in &schedule {
+            text.push_str(&format!("  {line}\n"));
+        }
+        text.push_str("violations of the minimal run:\n");
+        for v in &shrunk.report.verdict.violations {
+            text.push_str(&format!("  {}: {}\n", v.guarantee, v.message));
+        }
+        text.push_str(&format!("replay: {replay}\n"));
+        write_file(&dir.join("README.txt"), &text)?;
+        Ok(replay)
+    }
+
+    /// Shrink `seed` and write what it found to `dir`; `None` if the seed
+    /// does not fail in this process.
+    fn shrink_seed(
+        seed: u64,
+        common: &Common,
+        max_runs: u32,
+        dir: &std::path::Path,
+    ) -> Result<Option<(Shrunk, String)>, String> {
+        let options = options(common)?;
+        let scenario = scenario_for(seed, options);
+        let original = run_scenario(scenario.clone(), options.plant, false);
+        if original.verdict.violations.is_empty() {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let shrunk = shrink::shrink(scenario, options.plant, max_runs, |step, smaller| {
+            println!(
+                "  kept: {step} ({:.0} s; {} fault kinds, {} brokers, {} producers, {} consumers, safety {} ms)",
+                started.elapsed().as_secs_f64(),
+                smaller.faults.len(),
+                smaller.brokers,
+                smaller.producers,
+                smaller.consumers,
+                smaller.safety_ms
+            );
+        })
+        .map_err(|e| e.to_string())?;
+        let replay = write_shrunk(dir, &shrunk, &original, common)?;
+        Ok(Some((shrunk, replay)))
+    }
+
+    fn shrink_command(args: ShrinkArgs) -> Result<bool, String> {
+        let dir = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("keel-sim-failures/seed-{}", args.seed)));
+        println!("shrinking seed {} (at most {} runs)", args.seed, args.max_runs);
+        match shrink_seed(args.seed, &args.common, args.max_runs, &dir)? {
+            None => {
+                println!("seed {} breaks no guarantee: nothing to shrink", args.seed);
+                Ok(true)
+            }
+            Some(_) => {
+                print!("{}", std::fs::read_to_string(dir.join("README.txt")).unwrap_or_default());
+                println!("files: {}", dir.display());
+                Ok(false)
+            }
+        }
     }
 
     fn spawn_seed(seed: u64, common: &Common) -> Result<Child, String> {
@@ -233,19 +448,27 @@ mod cli {
         command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().map_err(|e| e.to_string())
     }
 
-    fn sweep(args: SweepArgs) -> Result<bool, String> {
-        options(&args.common)?;
+    /// Run seeds `from..from + count`, `jobs` at a time, starting no seed
+    /// after `budget`; every seed's summary, by seed.
+    fn sweep_seeds(
+        from: u64,
+        count: u64,
+        jobs: usize,
+        budget: Option<Duration>,
+        seed_timeout_secs: u64,
+        common: &Common,
+    ) -> Result<Vec<Summary>, String> {
+        options(common)?;
         let started = Instant::now();
-        let budget = args.budget_secs.map(Duration::from_secs);
-        let mut next = args.from;
-        let end = args.from + args.count;
+        let mut next = from;
+        let end = from.saturating_add(count);
         let mut running: Vec<(u64, Child, Instant)> = Vec::new();
         let mut done: Vec<Summary> = Vec::new();
         let mut last_progress = Instant::now();
         loop {
             let out_of_time = budget.is_some_and(|b| started.elapsed() >= b);
-            while running.len() < args.jobs.max(1) && next < end && !out_of_time {
-                running.push((next, spawn_seed(next, &args.common)?, Instant::now()));
+            while running.len() < jobs.max(1) && next < end && !out_of_time {
+                running.push((next, spawn_seed(next, common)?, Instant::now()));
                 next += 1;
             }
             if running.is_empty() {
@@ -254,15 +477,14 @@ mod cli {
             let mut still = Vec::new();
             for (seed, mut child, since) in running {
                 match child.try_wait().map_err(|e| e.to_string())? {
-                    None if since.elapsed() >= Duration::from_secs(args.seed_timeout_secs) => {
+                    None if since.elapsed() >= Duration::from_secs(seed_timeout_secs) => {
                         let _ = child.kill();
                         let _ = child.wait();
                         let violation = format!(
-                            "L1 liveness: the run of seed {seed} did not finish within {} wall s: simulated time stopped advancing",
-                            args.seed_timeout_secs
+                            "L1 liveness: the run of seed {seed} did not finish within {seed_timeout_secs} wall s: simulated time stopped advancing"
                         );
                         println!("seed {seed} FAILED: {violation}");
-                        println!("  replay: {}", replay_command(seed, &args.common));
+                        println!("  replay: {}", replay_command(seed, common));
                         done.push(Summary::failed(seed, violation));
                     }
                     None => still.push((seed, child, since)),
@@ -277,7 +499,7 @@ mod cli {
                         });
                         if !summary.violations.is_empty() {
                             println!("seed {seed} FAILED: {}", summary.violations.join("; "));
-                            println!("  replay: {}", replay_command(seed, &args.common));
+                            println!("  replay: {}", replay_command(seed, common));
                         }
                         done.push(summary);
                     }
@@ -288,46 +510,151 @@ mod cli {
                 last_progress = Instant::now();
                 let failing = done.iter().filter(|s| !s.violations.is_empty()).count();
                 let per_minute = done.len() as f64 / started.elapsed().as_secs_f64() * 60.0;
+                let of = if end == u64::MAX { String::new() } else { format!("/{count}") };
                 println!(
-                    "sweep: {}/{} seeds done, {failing} failing, {per_minute:.1} seeds/min, {:.0} s elapsed",
+                    "sweep: {}{of} seeds done, {failing} failing, {per_minute:.1} seeds/min, {:.0} s elapsed",
                     done.len(),
-                    args.count,
                     started.elapsed().as_secs_f64()
                 );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        done.sort_by_key(|s| s.seed);
+        Ok(done)
+    }
+
+    /// The sweep's totals, as printed lines.
+    fn sweep_totals(done: &[Summary], wall: f64) -> Vec<String> {
         let mut faults: BTreeMap<String, u64> = BTreeMap::new();
-        for summary in &done {
+        for summary in done {
             for (kind, count) in &summary.faults {
                 *faults.entry(kind.clone()).or_default() += count;
             }
         }
         let failing: Vec<u64> = done.iter().filter(|s| !s.violations.is_empty()).map(|s| s.seed).collect();
-        let wall = started.elapsed().as_secs_f64();
         let simulated: u64 = done.iter().map(|s| s.simulated_ms).sum();
+        vec![
+            format!(
+                "summary: {} seeds, {:.0} simulated s ({:.1} simulated s per wall s), {} operations, {} records acknowledged, \
+                 {} duplicate deliveries, {} violations in seeds {:?}, {:.1} seeds/min",
+                done.len(),
+                simulated as f64 / 1000.0,
+                simulated as f64 / 1000.0 / wall,
+                done.iter().map(|s| s.operations).sum::<u64>(),
+                done.iter().map(|s| s.acknowledged).sum::<u64>(),
+                done.iter().map(|s| s.duplicates).sum::<u64>(),
+                done.iter().map(|s| s.violations.len()).sum::<usize>(),
+                failing,
+                done.len() as f64 / wall * 60.0
+            ),
+            format!("faults injected: {faults:?}"),
+            format!(
+                "snapshots: {} built, {} installed ({} of {} seeds installed one)",
+                done.iter().map(|s| s.snapshots_built).sum::<u64>(),
+                done.iter().map(|s| s.snapshots_installed).sum::<u64>(),
+                done.iter().filter(|s| s.snapshots_installed > 0).count(),
+                done.len()
+            ),
+        ]
+    }
+
+    fn sweep(args: SweepArgs) -> Result<bool, String> {
+        let started = Instant::now();
+        let budget = args.budget_secs.map(Duration::from_secs);
+        let done = sweep_seeds(args.from, args.count, args.jobs, budget, args.seed_timeout_secs, &args.common)?;
+        for line in sweep_totals(&done, started.elapsed().as_secs_f64()) {
+            println!("{line}");
+        }
+        Ok(done.iter().all(|s| s.violations.is_empty()))
+    }
+
+    /// What a campaign writes to summary.json.
+    #[derive(Serialize)]
+    struct CampaignSummary {
+        from: u64,
+        seeds: usize,
+        budget_secs: u64,
+        sweep_secs: f64,
+        failures: Vec<CampaignFailure>,
+        totals: Vec<String>,
+    }
+
+    #[derive(Serialize)]
+    struct CampaignFailure {
+        seed: u64,
+        violations: Vec<String>,
+        directory: String,
+        minimal_replay: Option<String>,
+        shrink_steps: Vec<String>,
+        minimal_faults: Option<usize>,
+    }
+
+    fn campaign(args: CampaignArgs) -> Result<bool, String> {
+        let from = args.from.unwrap_or_else(|| {
+            // Fresh seeds each time, far from CI's and the regression seeds.
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            1_000_000 + (now.as_secs() % 1_000_000) * 1_000
+        });
         println!(
-            "summary: {} seeds, {:.0} simulated s ({:.1} simulated s per wall s), {} operations, {} records acknowledged, \
-             {} duplicate deliveries, {} violations in seeds {:?}, {:.1} seeds/min",
-            done.len(),
-            simulated as f64 / 1000.0,
-            simulated as f64 / 1000.0 / wall,
-            done.iter().map(|s| s.operations).sum::<u64>(),
-            done.iter().map(|s| s.acknowledged).sum::<u64>(),
-            done.iter().map(|s| s.duplicates).sum::<u64>(),
-            done.iter().map(|s| s.violations.len()).sum::<usize>(),
-            failing,
-            done.len() as f64 / wall * 60.0
+            "campaign: seeds from {from} for {}{}, writing to {}",
+            humantime::format_duration(args.budget),
+            if args.common.all_faults { ", every fault kind" } else { ", each seed its own swarm of lanes" },
+            args.out.display()
         );
-        println!("faults injected: {faults:?}");
+        std::fs::create_dir_all(&args.out).map_err(|e| format!("creating {}: {e}", args.out.display()))?;
+        let started = Instant::now();
+        let done =
+            sweep_seeds(from, u64::MAX - from, args.jobs, Some(args.budget), args.seed_timeout_secs, &args.common)?;
+        let sweep_secs = started.elapsed().as_secs_f64();
+        let totals = sweep_totals(&done, sweep_secs);
+        for line in &totals {
+            println!("{line}");
+        }
+        let mut failures = Vec::new();
+        for failed in done.iter().filter(|s| !s.violations.is_empty()) {
+            let dir = args.out.join(format!("seed-{}", failed.seed));
+            println!("shrinking seed {} into {}", failed.seed, dir.display());
+            let (minimal_replay, shrink_steps, minimal_faults) =
+                match shrink_seed(failed.seed, &args.common, args.max_runs, &dir)? {
+                    Some((shrunk, replay)) => (Some(replay), shrunk.steps, Some(fault_schedule(&shrunk.report).len())),
+                    // A failure of its own process (a hang, a crash) that an
+                    // in-process run does not repeat: keep what it said.
+                    None => {
+                        let text = format!(
+                            "seed {} failed in its own process but not when run again in-process:\n{}\nreplay: {}\n",
+                            failed.seed,
+                            failed.violations.join("\n"),
+                            replay_command(failed.seed, &args.common)
+                        );
+                        write_file(&dir.join("README.txt"), &text)?;
+                        (None, Vec::new(), None)
+                    }
+                };
+            failures.push(CampaignFailure {
+                seed: failed.seed,
+                violations: failed.violations.clone(),
+                directory: dir.display().to_string(),
+                minimal_replay,
+                shrink_steps,
+                minimal_faults,
+            });
+        }
+        let summary = CampaignSummary {
+            from,
+            seeds: done.len(),
+            budget_secs: args.budget.as_secs(),
+            sweep_secs,
+            failures,
+            totals,
+        };
+        write_file(&args.out.join("summary.json"), &serde_json::to_string_pretty(&summary).expect("serialises"))?;
         println!(
-            "snapshots: {} built, {} installed ({} of {} seeds installed one)",
-            done.iter().map(|s| s.snapshots_built).sum::<u64>(),
-            done.iter().map(|s| s.snapshots_installed).sum::<u64>(),
-            done.iter().filter(|s| s.snapshots_installed > 0).count(),
-            done.len()
+            "campaign: {} seeds, {} failing; summary {}",
+            summary.seeds,
+            summary.failures.len(),
+            args.out.join("summary.json").display()
         );
-        Ok(failing.is_empty())
+        Ok(summary.failures.is_empty())
     }
 
     pub fn main() -> ExitCode {
@@ -336,6 +663,8 @@ mod cli {
             SimCommand::Run(args) => run(args, false),
             SimCommand::Replay(args) => run(args, true),
             SimCommand::Sweep(args) => sweep(args),
+            SimCommand::Shrink(args) => shrink_command(args),
+            SimCommand::Campaign(args) => campaign(args),
         };
         match result {
             Ok(true) => ExitCode::SUCCESS,
