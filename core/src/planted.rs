@@ -39,11 +39,15 @@ pub enum Bug {
     /// A snapshot leaves out the partition's last record: a replica that
     /// installs it lacks that record (G6, G1).
     SnapshotDropsLastRecord,
+    /// A partition whose Raft term is past 1 (its leader changed) refuses
+    /// produces with an error clients do not retry: writes never come back
+    /// after a failover (L1, the write probes).
+    RefuseProducesAfterFailover,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 10] = [
+    pub const ALL: [Bug; 11] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -54,6 +58,7 @@ impl Bug {
         Bug::BatchingAnswersNewest,
         Bug::PersistedBeforeSync,
         Bug::SnapshotDropsLastRecord,
+        Bug::RefuseProducesAfterFailover,
     ];
 
     /// The name used on the command line.
@@ -69,6 +74,7 @@ impl Bug {
             Bug::BatchingAnswersNewest => "batching-answers-newest",
             Bug::PersistedBeforeSync => "persisted-before-sync",
             Bug::SnapshotDropsLastRecord => "snapshot-drops-last-record",
+            Bug::RefuseProducesAfterFailover => "refuse-produces-after-failover",
         }
     }
 }

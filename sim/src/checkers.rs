@@ -100,6 +100,7 @@ pub fn check(events: &[Event]) -> Verdict {
         lost_writes(&acked, &canonical, &mut findings);
         no_duplicate_appends(&canonical, &mut findings);
         duplicates = liveness(events, &acked, &mut findings);
+        write_probes(events, &canonical, &mut findings);
     }
     findings.violations.sort_by_key(|v| v.guarantee);
     let operations = events
@@ -404,6 +405,38 @@ fn node_failures(events: &[Event], findings: &mut Findings) {
                 }
             }
             _ => {}
+        }
+    }
+}
+
+/// L1 for writes: after the heal every partition takes a write again (the
+/// probe), and G1 for the probe's record once acknowledged.
+fn write_probes(events: &[Event], canonical: &BTreeMap<Partition, Vec<Seen>>, findings: &mut Findings) {
+    for event in events {
+        let EventKind::WriteProbe { topic, partition, value, offset, error } = &event.kind else { continue };
+        match (offset, error) {
+            (Some(offset), _) => {
+                let found = canonical
+                    .get(&(topic.clone(), *partition))
+                    .and_then(|log| log.iter().find(|r| r.offset == *offset));
+                if found.map(|r| &r.value) != Some(value) {
+                    findings.add(
+                        Guarantee::G1,
+                        format!(
+                            "the write probe {value:?} acknowledged at {topic}/{partition} offset {offset} is not in the \
+                             committed log (found {:?})",
+                            found.map(|r| &r.value)
+                        ),
+                    );
+                }
+            }
+            (None, error) => findings.add(
+                Guarantee::L1,
+                format!(
+                    "{topic}/{partition} takes no writes after the heal: the probe {value:?} failed: {}",
+                    error.as_deref().unwrap_or("no answer")
+                ),
+            ),
         }
     }
 }

@@ -95,6 +95,7 @@ impl Plant {
             Plant::Bug(Bug::BatchingAnswersNewest) => G1,
             Plant::Bug(Bug::PersistedBeforeSync) => G1,
             Plant::Bug(Bug::SnapshotDropsLastRecord) => G6,
+            Plant::Bug(Bug::RefuseProducesAfterFailover) => L1,
         }
     }
 
@@ -108,6 +109,7 @@ impl Plant {
             Plant::Bug(Bug::NeverExpireMembers) => &[FaultKind::ConsumerCrash],
             Plant::Bug(Bug::PersistedBeforeSync) => &[FaultKind::Crash, FaultKind::PowerLossMidWrite],
             Plant::Bug(Bug::SnapshotDropsLastRecord) => &[FaultKind::PartitionMinority, FaultKind::Crash],
+            Plant::Bug(Bug::RefuseProducesAfterFailover) => &[FaultKind::LeaderCrash],
             Plant::Bug(_) | Plant::StateAcrossRuns => &[],
         }
     }
@@ -490,6 +492,8 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
     heal_everything(&world);
     let w = world.clone();
     admin.spawn(async move { await_liveness(&w).await }).await.expect("the liveness check runs");
+    let w = world.clone();
+    admin.spawn(async move { probe_writes(&w).await }).await.expect("the write probes run");
     sampler.abort();
     world.record("driver", EventKind::Phase { name: "final".into() });
     final_reads(&world).await;
@@ -1130,7 +1134,12 @@ fn lane_clocks(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std
     Box::pin(async move {
         let mut rng = madsim::rand::thread_rng();
         while let Some(kind) = next_fault(&world, &over, &mut rng, FaultKind::is_clock_fault).await {
-            let target = rng.gen_range(1..=world.scenario.brokers);
+            let target = match kind {
+                // The coordinator or a partition leader: where time decides
+                // sessions, retention and append times.
+                FaultKind::ClockStepHours => some_leader(&world, &mut rng).unwrap_or(1),
+                _ => rng.gen_range(1..=world.scenario.brokers),
+            };
             let clock = &world.brokers[target as usize - 1].clock;
             let detail = match kind {
                 FaultKind::ClockSkew => {
@@ -1146,6 +1155,12 @@ fn lane_clocks(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std
                     let delta: i64 = rng.gen_range(-30_000..=30_000);
                     clock.jump(delta);
                     format!("broker {target} jumps {delta} ms")
+                }
+                FaultKind::ClockStepHours => {
+                    let hours: i64 = rng.gen_range(1..=6) * if rng.gen_bool(0.5) { 1 } else { -1 };
+                    let delta = hours * 3_600_000;
+                    clock.jump(delta);
+                    format!("broker {target} jumps {delta} ms ({hours} h)")
                 }
                 _ => unreachable!("not a clock fault"),
             };
@@ -1262,6 +1277,56 @@ async fn await_liveness(world: &World) {
             break;
         }
         madsim::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// How long a write probe may take to be acknowledged after the heal.
+const WRITE_PROBE_BOUND: Duration = Duration::from_secs(20);
+
+/// Write availability: one record to every partition, all at once, each
+/// retried until acknowledged or out of time.
+async fn probe_writes(world: &World) {
+    let probes: Vec<_> = world
+        .scenario
+        .topics
+        .iter()
+        .flat_map(|t| (0..t.partitions).map(move |p| (t.name.clone(), p)))
+        .enumerate()
+        .map(|(i, (topic, partition))| {
+            let world = world.clone();
+            madsim::task::spawn(async move {
+                let value = format!("probe-{topic}-{partition}");
+                let deadline = world.now_ms() + WRITE_PROBE_BOUND.as_millis() as u64;
+                let mut last_error = None;
+                let mut offset = None;
+                // One idempotent producer for every attempt: a retry of an
+                // answer lost on the way is not appended twice.
+                let mut producer = None;
+                while offset.is_none() && world.now_ms() < deadline {
+                    if producer.is_none() {
+                        match Producer::new(world.client(), 1_000 + i as u64).await {
+                            Ok(created) => producer = Some(created),
+                            Err(error) => last_error = Some(error.to_string()),
+                        }
+                    }
+                    if let Some(producer) = producer.as_mut() {
+                        let record = pb::Record { value: value.clone().into_bytes(), ..Default::default() };
+                        match producer.send_to(&topic, partition, vec![record]).await {
+                            Ok(sent) => offset = Some(sent.base_offset),
+                            Err(error) => last_error = Some(error.to_string()),
+                        }
+                    }
+                    if offset.is_none() {
+                        madsim::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+                let error = if offset.is_some() { None } else { last_error };
+                world.record("driver", EventKind::WriteProbe { topic, partition, value, offset, error });
+            })
+        })
+        .collect();
+    for probe in probes {
+        let _ = probe.await;
     }
 }
 

@@ -138,6 +138,16 @@ pub enum EventKind {
         built: u64,
         installed: u64,
     },
+    /// After the heal, one record written to a partition to show it takes
+    /// writes again: acknowledged at `offset`, or refused with `error`
+    /// (L1: write availability).
+    WriteProbe {
+        topic: String,
+        partition: u32,
+        value: String,
+        offset: Option<u64>,
+        error: Option<String>,
+    },
     /// A node failed: a panic, or a fatal error.
     NodeFailure {
         broker: u64,

@@ -47,13 +47,16 @@ pub enum FaultKind {
     /// drawn number of them): the broker must stop on the I/O error, and
     /// restarts from what its disk kept.
     PowerLossMidWrite,
+    /// The metadata leader's or a partition leader's clock steps by hours,
+    /// forwards or backwards (beyond any session or retention period).
+    ClockStepHours,
 }
 
 impl FaultKind {
     /// Every kind. A seed draws the first [`FaultKind::FIRST_DRAWN`] in one
     /// go and the later ones after the rest of its scenario, so that adding
     /// a kind leaves every earlier choice of every seed as it was.
-    pub const ALL: [FaultKind; 16] = [
+    pub const ALL: [FaultKind; 17] = [
         FaultKind::Crash,
         FaultKind::LeaderCrash,
         FaultKind::Pause,
@@ -70,6 +73,7 @@ impl FaultKind {
         FaultKind::PowerLossMajority,
         FaultKind::PowerLossAll,
         FaultKind::PowerLossMidWrite,
+        FaultKind::ClockStepHours,
     ];
 
     /// Kinds drawn with the first choices of a seed (the ones that existed
@@ -94,6 +98,7 @@ impl FaultKind {
             FaultKind::PowerLossMajority => "power-loss-majority",
             FaultKind::PowerLossAll => "power-loss-all",
             FaultKind::PowerLossMidWrite => "power-loss-mid-write",
+            FaultKind::ClockStepHours => "clock-step-hours",
         }
     }
 
@@ -123,7 +128,7 @@ impl FaultKind {
     }
 
     pub fn is_clock_fault(self) -> bool {
-        matches!(self, FaultKind::ClockSkew | FaultKind::ClockJump)
+        matches!(self, FaultKind::ClockSkew | FaultKind::ClockJump | FaultKind::ClockStepHours)
     }
 
     pub fn is_client_fault(self) -> bool {

@@ -141,6 +141,13 @@ fn g6_catches_a_snapshot_that_drops_a_record() {
 }
 
 #[test]
+fn l1_catches_partitions_that_refuse_writes_after_a_failover() {
+    // Consumers still read everything acknowledged; only the write probes
+    // after the heal show that writes never come back.
+    caught_within(Plant::Bug(Bug::RefuseProducesAfterFailover), 3);
+}
+
+#[test]
 fn the_replay_check_catches_a_harness_that_keeps_state_across_runs() {
     let scenario = scenario_for(0, RunOptions::default());
     let planted = run_scenario(scenario.clone(), Some(Plant::StateAcrossRuns), true);

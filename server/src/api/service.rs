@@ -286,6 +286,12 @@ impl KeelService {
         if self.node.raft(&group).is_none() {
             return Err(self.hosted_elsewhere(&partition));
         }
+        #[cfg(madsim)]
+        if keel_core::planted::is_planted(keel_core::planted::Bug::RefuseProducesAfterFailover)
+            && self.node.raft(&group).is_some_and(|raft| raft.metrics().borrow().current_term > 1)
+        {
+            return Err(Status::failed_precondition("planted bug: this partition refuses produces after a failover"));
+        }
         let appended = self.node.append(&group, AppendBatch { producer, records }).await.map_err(not_leader)?;
         match appended.map_err(partition_rejection)? {
             PartitionOutcome::Appended { base_offset, count, duplicate } => {
