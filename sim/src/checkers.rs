@@ -98,6 +98,7 @@ pub fn check(events: &[Event]) -> Verdict {
     if complete {
         let canonical = canonical_logs(events, &mut findings);
         lost_writes(&acked, &canonical, &mut findings);
+        on_a_majority(events, &acked, &mut findings);
         no_duplicate_appends(&canonical, &mut findings);
         duplicates = liveness(events, &acked, &mut findings);
         write_probes(events, &canonical, &mut findings);
@@ -205,6 +206,54 @@ fn lost_writes(acked: &[Acked], canonical: &BTreeMap<Partition, Vec<Seen>>, find
                         produce.partition.0,
                         produce.partition.1,
                         found.map(|r| &r.value)
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// G1 after moves and removals: every acknowledged record is held, at its
+/// offset, by a majority of the partition's replicas in the final
+/// placement (a record on a minority would be lost with it).
+fn on_a_majority(events: &[Event], acked: &[Acked], findings: &mut Findings) {
+    let mut placement: BTreeMap<Partition, Vec<u64>> = BTreeMap::new();
+    let mut held: BTreeMap<(Partition, u64), BTreeMap<u64, &str>> = BTreeMap::new();
+    for event in events {
+        match &event.kind {
+            EventKind::Placement { topic, partition, replicas } => {
+                placement.insert((topic.clone(), *partition), replicas.clone());
+            }
+            EventKind::ReplicaLog { broker, topic, partition, records, .. } => {
+                let by_offset = held.entry(((topic.clone(), *partition), *broker)).or_default();
+                for record in records {
+                    by_offset.insert(record.offset, record.value.as_str());
+                }
+            }
+            _ => {}
+        }
+    }
+    for produce in acked {
+        let Some(replicas) = placement.get(&produce.partition) else { continue };
+        let majority = replicas.len() / 2 + 1;
+        for (i, value) in produce.values.iter().enumerate() {
+            let offset = produce.base_offset + i as u64;
+            let holders: Vec<u64> = replicas
+                .iter()
+                .copied()
+                .filter(|b| {
+                    held.get(&(produce.partition.clone(), *b)).and_then(|log| log.get(&offset)) == Some(&value.as_str())
+                })
+                .collect();
+            if holders.len() < majority {
+                findings.add(
+                    Guarantee::G1,
+                    format!(
+                        "acknowledged record {value:?} at {}/{} offset {offset} is on {} of the current replicas \
+                         {replicas:?} ({holders:?}), not on a majority",
+                        produce.partition.0,
+                        produce.partition.1,
+                        holders.len()
                     ),
                 );
             }

@@ -278,6 +278,13 @@ struct SimBroker {
     /// Set while the disk is made to fail: the broker stopping on its I/O
     /// error is then what it must do, not a failure to report.
     disk_failing: Arc<AtomicBool>,
+    /// Not one of the initial brokers: it joins when the membership lane
+    /// says so.
+    spare: bool,
+    /// The spare was told to join (it does, and again after each restart).
+    joining: Arc<AtomicBool>,
+    /// Removed from the cluster and shut down for good: no lane restarts it.
+    decommissioned: Arc<AtomicBool>,
 }
 
 impl SimBroker {
@@ -336,6 +343,7 @@ fn start_broker(
     recorder: Recorder,
     start: Instant,
     lying: bool,
+    spare: bool,
 ) -> SimBroker {
     let voters: BTreeMap<u64, String> = (1..=scenario.brokers)
         .map(|b| (b, keel_server::node::default_internal_address(&broker_address(b).to_string()).expect("port")))
@@ -347,6 +355,8 @@ fn start_broker(
         store: Arc::new(Mutex::new(None)),
         clock: Clock::system(),
         incarnation: Arc::new(AtomicU64::new(0)),
+        joining: Arc::new(AtomicBool::new(false)),
+        decommissioned: Arc::new(AtomicBool::new(false)),
     };
     let snapshot_every = scenario.snapshot_every;
     let init_slot = slot.clone();
@@ -357,6 +367,10 @@ fn start_broker(
         .init(move || {
             let (slot, voters, recorder) = (init_slot.clone(), voters.clone(), recorder.clone());
             async move {
+                if spare && !slot.joining.load(Ordering::SeqCst) {
+                    // A machine set aside: nothing runs until it is added.
+                    std::future::pending::<()>().await;
+                }
                 slot.incarnation.fetch_add(1, Ordering::SeqCst);
                 let disk = slot.disk.lock().expect("disk").clone();
                 let opened = std::panic::catch_unwind(AssertUnwindSafe(|| NodeStore::open_with_backend(disk)));
@@ -377,7 +391,15 @@ fn start_broker(
                 };
                 *slot.store.lock().expect("store slot") = Some(store.clone());
                 let address = broker_address(id);
-                let mut config = NodeConfig::new(id, address, address.to_string(), voters);
+                let mut config = if spare {
+                    // Like `keel serve --join`: no voters of its own; the
+                    // cluster's id comes from the cluster.
+                    let mut config = NodeConfig::new(id, address, address.to_string(), BTreeMap::new());
+                    config.cluster_id = keel_server::node::cluster_id_of(&voters);
+                    config
+                } else {
+                    NodeConfig::new(id, address, address.to_string(), voters.clone())
+                };
                 if let Some(every) = snapshot_every {
                     config.raft.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(every);
                     // Purge right behind each snapshot: a replica that falls
@@ -385,7 +407,13 @@ fn start_broker(
                     config.raft.max_in_snapshot_log_to_keep = 0;
                 }
                 match Node::start(config, store, slot.clock.clone()).await {
-                    Ok(node) => *slot.node.lock().expect("node slot") = Some(node),
+                    Ok(node) => {
+                        *slot.node.lock().expect("node slot") = Some(node.clone());
+                        if spare && !slot.decommissioned.load(Ordering::SeqCst) {
+                            let (recorder, through) = (recorder.clone(), voters.values().cloned().collect());
+                            madsim::task::spawn(join_until_member(node, id, through, recorder, start));
+                        }
+                    }
                     Err(error) => {
                         let at = start.elapsed().as_millis() as u64;
                         recorder.record(
@@ -408,6 +436,33 @@ fn start_broker(
         clock: slot.clock,
         incarnation: slot.incarnation,
         disk_failing: Arc::new(AtomicBool::new(false)),
+        spare,
+        joining: slot.joining,
+        decommissioned: slot.decommissioned,
+    }
+}
+
+/// A spare broker's join, through each initial broker in turn, until it
+/// is a member (or refused for good).
+async fn join_until_member(node: Node, id: u64, through: Vec<String>, recorder: Recorder, start: Instant) {
+    let process = format!("broker-{id}");
+    for round in 0.. {
+        let address = through[round % through.len()].clone();
+        let (op, detail) = ("joined".to_string(), format!("broker {id} through {address}"));
+        match node.join_cluster(address).await {
+            Ok(()) => {
+                let at = start.elapsed().as_millis() as u64;
+                recorder.record(at, &process, EventKind::Membership { op, detail, outcome: "ok".into() });
+                return;
+            }
+            Err(refusal @ keel_server::raft::network::JoinRefusal::Refused(_)) => {
+                let at = start.elapsed().as_millis() as u64;
+                let outcome = format!("refused: {refusal:?}");
+                recorder.record(at, &process, EventKind::Membership { op, detail, outcome });
+                return;
+            }
+            Err(_) => madsim::time::sleep(Duration::from_millis(500)).await,
+        }
     }
 }
 
@@ -420,14 +475,21 @@ struct BrokerSlot {
     store: Arc<Mutex<Option<Arc<NodeStore>>>>,
     clock: Clock,
     incarnation: Arc<AtomicU64>,
+    joining: Arc<AtomicBool>,
+    decommissioned: Arc<AtomicBool>,
 }
 
 /// The whole run; returns the simulated milliseconds it took.
 async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
     let handle = Handle::current();
     let start = Instant::now();
-    let brokers: Vec<SimBroker> =
-        (1..=scenario.brokers).map(|id| start_broker(&handle, id, &scenario, recorder.clone(), start, lying)).collect();
+    let mut brokers: Vec<SimBroker> = (1..=scenario.brokers)
+        .map(|id| start_broker(&handle, id, &scenario, recorder.clone(), start, lying, false))
+        .collect();
+    if scenario.membership {
+        let id = scenario.brokers + 1;
+        brokers.push(start_broker(&handle, id, &scenario, recorder.clone(), start, lying, true));
+    }
     let scenario = Arc::new(scenario);
     let mut world = World {
         scenario: scenario.clone(),
@@ -475,13 +537,20 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
     };
 
     let safety_over = Arc::new(AtomicBool::new(false));
-    let lanes: Vec<_> = [lane_nodes as LaneFn, lane_network, lane_clocks, lane_clients]
+    let mut lanes: Vec<_> = [lane_nodes as LaneFn, lane_network, lane_clocks, lane_clients]
         .into_iter()
         .map(|lane| {
             let (w, over) = (world.clone(), safety_over.clone());
             madsim::task::spawn(async move { lane(w, over).await })
         })
         .collect();
+    if scenario.membership {
+        // The operator is a client host like any other (network faults reach it).
+        let operator = handle.create_node().name("operator").ip(IpAddr::from([10, 0, 3, 2])).build();
+        world.producer_hosts.push(operator.id());
+        let (w, over) = (world.clone(), safety_over.clone());
+        lanes.push(operator.spawn(async move { lane_membership(w, over).await }));
+    }
     madsim::time::sleep(Duration::from_millis(scenario.safety_ms)).await;
     safety_over.store(true, Ordering::SeqCst);
     for lane in lanes {
@@ -787,6 +856,11 @@ async fn sample_positions(world: World) {
     // (broker, incarnation, topic, partition, group) -> (position, high watermark)
     type Sampled = BTreeMap<(u64, u64, String, u32, String), (u64, u64)>;
     let mut last = Sampled::new();
+    // A replica moved off a broker and later back starts afresh: count the
+    // replicas each broker incarnation had of a partition, so positions
+    // are compared within one replica's life. (broker, topic, partition) ->
+    // (replica number, present at the last sample)
+    let mut replicas: BTreeMap<(u64, String, u32), (u64, bool)> = BTreeMap::new();
     let mut last_snapshots: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
     loop {
         for broker in &world.brokers {
@@ -817,17 +891,26 @@ async fn sample_positions(world: World) {
                         TopicName::new(topic.name.as_str()).expect("topic name"),
                         PartitionIndex(partition),
                     );
-                    let Some(state) = node.partition(&tp) else { continue };
+                    let replica = replicas.entry((broker.id, topic.name.clone(), partition)).or_insert((0, false));
+                    let Some(state) = node.partition(&tp) else {
+                        replica.1 = false;
+                        continue;
+                    };
+                    if !replica.1 {
+                        *replica = (replica.0 + 1, true);
+                    }
+                    // Each replica's life is its own incarnation for G4.
+                    let life = incarnation * 1_000 + replica.0;
                     for group in state.groups().keys() {
                         let position = state.group_position(group).0;
                         let high_watermark = state.high_watermark().0;
-                        let key = (broker.id, incarnation, topic.name.clone(), partition, group.to_string());
+                        let key = (broker.id, life, topic.name.clone(), partition, group.to_string());
                         if last.insert(key, (position, high_watermark)) != Some((position, high_watermark)) {
                             world.record(
                                 &format!("broker-{}", broker.id),
                                 EventKind::PositionSample {
                                     broker: broker.id,
-                                    incarnation,
+                                    incarnation: life,
                                     topic: topic.name.clone(),
                                     partition,
                                     group: group.to_string(),
@@ -968,17 +1051,19 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                 _ => rng.gen_range(1..=n),
             };
             let duration = fault_duration(&world, &mut rng);
+            let up = members(&world);
             let targets: Vec<u64> = match kind {
                 FaultKind::PowerLossMajority => {
-                    let mut ids: Vec<u64> = (1..=n).collect();
+                    let mut ids = up.clone();
                     for i in (1..ids.len()).rev() {
                         ids.swap(i, rng.gen_range(0..=i));
                     }
-                    ids.truncate(n as usize / 2 + 1);
+                    ids.truncate(up.len() / 2 + 1);
                     ids.sort();
                     ids
                 }
-                FaultKind::PowerLossAll => (1..=n).collect(),
+                FaultKind::PowerLossAll => up,
+                _ if !up.contains(&target) => continue,
                 _ => vec![target],
             };
             let detail = match targets.as_slice() {
@@ -991,7 +1076,9 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                 FaultKind::Pause => {
                     handle.pause(brokers[0].host);
                     madsim::time::sleep(duration).await;
-                    handle.resume(brokers[0].host);
+                    if !brokers[0].decommissioned.load(Ordering::SeqCst) {
+                        handle.resume(brokers[0].host);
+                    }
                 }
                 FaultKind::PowerLossMidWrite => {
                     let broker = &brokers[0];
@@ -1006,19 +1093,125 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                     power_cut(&world, broker, rng.gen());
                     madsim::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
                     broker.disk_failing.store(false, Ordering::SeqCst);
-                    handle.restart(broker.host);
+                    if !broker.decommissioned.load(Ordering::SeqCst) {
+                        handle.restart(broker.host);
+                    }
                 }
                 _ => {
                     for broker in &brokers {
                         power_cut(&world, broker, rng.gen());
                     }
                     madsim::time::sleep(duration).await;
-                    for broker in &brokers {
+                    for broker in brokers.iter().filter(|b| !b.decommissioned.load(Ordering::SeqCst)) {
                         handle.restart(broker.host);
                     }
                 }
             }
             world.record("faults", EventKind::Heal { kind: kind.name().into(), detail });
+        }
+    })
+}
+
+/// Brokers that belong to the cluster now: the initial ones not shut down
+/// for good, and the spare once told to join.
+fn members(world: &World) -> Vec<u64> {
+    world
+        .brokers
+        .iter()
+        .filter(|b| !b.decommissioned.load(Ordering::SeqCst) && (!b.spare || b.joining.load(Ordering::SeqCst)))
+        .map(|b| b.id)
+        .collect()
+}
+
+/// Shut a removed broker down for good.
+fn decommission(broker: &SimBroker) {
+    broker.decommissioned.store(true, Ordering::SeqCst);
+    Handle::current().kill(broker.host);
+    *broker.node.lock().expect("node slot") = None;
+    *broker.store.lock().expect("store slot") = None;
+}
+
+/// An operator at work: add the spare broker, then now and then move a
+/// partition to other brokers, or drain a broker, remove it and shut it
+/// down (while at least three brokers stay), all under the other lanes'
+/// faults. Partitions are moved to replicas chosen at random among the
+/// members, so a move replaces one replica or all of them.
+fn lane_membership(
+    world: World,
+    over: Arc<AtomicBool>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let mut rng = madsim::rand::thread_rng();
+        let handle = Handle::current();
+        let client = world.client();
+        let record = |op: &str, detail: String, outcome: String| {
+            world.record("operator", EventKind::Membership { op: op.into(), detail, outcome });
+        };
+        let outcome = |result: Result<String, keel_client::ClientError>| match result {
+            Ok(ok) => ok,
+            Err(error) => format!("failed: {error}"),
+        };
+        madsim::time::sleep(Duration::from_millis(rng.gen_range(1_000..4_000))).await;
+        if let Some(spare) = world.brokers.iter().find(|b| b.spare) {
+            spare.joining.store(true, Ordering::SeqCst);
+            handle.restart(spare.host);
+            record("add", format!("broker {}", spare.id), "started, joining".into());
+        }
+        let interval = world.scenario.fault_interval_ms;
+        while !over.load(Ordering::SeqCst) {
+            madsim::time::sleep(Duration::from_millis(rng.gen_range(interval..=interval * 3))).await;
+            if over.load(Ordering::SeqCst) {
+                break;
+            }
+            let Ok(cluster) = client.describe_cluster().await else { continue };
+            let registered: Vec<u64> = cluster.brokers.iter().map(|b| b.id).collect();
+            let up: Vec<u64> = members(&world).into_iter().filter(|b| registered.contains(b)).collect();
+            if rng.gen_bool(0.6) || up.len() <= 3 {
+                let topic = &world.scenario.topics[rng.gen_range(0..world.scenario.topics.len())];
+                let partition = rng.gen_range(0..topic.partitions);
+                let mut chosen = up.clone();
+                for i in (1..chosen.len()).rev() {
+                    chosen.swap(i, rng.gen_range(0..=i));
+                }
+                chosen.truncate(topic.replication_factor as usize);
+                if chosen.len() < topic.replication_factor as usize {
+                    continue;
+                }
+                let result = client.move_partition(&topic.name, partition, chosen.clone()).await;
+                let detail = format!("{}/{partition} to brokers {chosen:?}", topic.name);
+                record("move", detail, outcome(result.map(|p| format!("ok: replicas {:?}", p.replicas))));
+            } else {
+                let target = up[rng.gen_range(0..up.len())];
+                let drained = client.drain_broker(target).await;
+                record("drain", format!("broker {target}"), outcome(drained.map(|moved| format!("ok: {moved} moved"))));
+                // Removal waits until every move off the broker settled.
+                let deadline = world.now_ms() + 20_000;
+                loop {
+                    let removed = match client.remove_broker(target).await {
+                        Ok(()) => Ok("ok; shut down for good".to_string()),
+                        // The answer to an earlier attempt may have been lost:
+                        // the cluster says whether the broker is still in it.
+                        Err(error) => match client.describe_cluster().await {
+                            Ok(cluster) if !cluster.brokers.iter().any(|b| b.id == target) => {
+                                Ok("ok (an earlier attempt's answer was lost); shut down for good".to_string())
+                            }
+                            _ => Err(error),
+                        },
+                    };
+                    match removed {
+                        Ok(outcome) => {
+                            record("remove", format!("broker {target}"), outcome);
+                            decommission(&world.brokers[target as usize - 1]);
+                            break;
+                        }
+                        Err(error) if world.now_ms() >= deadline || over.load(Ordering::SeqCst) => {
+                            record("remove", format!("broker {target}"), format!("gave up: {error}"));
+                            break;
+                        }
+                        Err(_) => madsim::time::sleep(Duration::from_millis(500)).await,
+                    }
+                }
+            }
         }
     })
 }
@@ -1345,6 +1538,34 @@ async fn final_reads(world: &World) {
             break;
         }
         madsim::time::sleep(Duration::from_millis(250)).await;
+    }
+    // The placement the metadata leader knows (or the most advanced replica).
+    let nodes = world.live_nodes();
+    let leader = nodes
+        .iter()
+        .find(|n| n.raft(&GroupId::Metadata).is_some_and(|r| r.metrics().borrow().current_leader == Some(n.id())));
+    let metadata = leader
+        .or_else(|| {
+            nodes.iter().max_by_key(|n| {
+                n.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().last_applied.map(|l| l.index))
+            })
+        })
+        .map(|n| n.metadata());
+    if let Some(metadata) = metadata {
+        for topic in &world.scenario.topics {
+            let name = TopicName::new(topic.name.as_str()).expect("name");
+            let Some(info) = metadata.topic(&name) else { continue };
+            for (p, placement) in info.partitions.iter().enumerate() {
+                world.record(
+                    "driver",
+                    EventKind::Placement {
+                        topic: topic.name.clone(),
+                        partition: p as u32,
+                        replicas: placement.replicas.iter().map(|b| b.0).collect(),
+                    },
+                );
+            }
+        }
     }
     for broker in &world.brokers {
         let Some(node) = broker.node() else { continue };

@@ -148,6 +148,19 @@ pub enum EventKind {
         offset: Option<u64>,
         error: Option<String>,
     },
+    /// An operator's change of the cluster (add, move, drain, remove,
+    /// shut down) and how it went.
+    Membership {
+        op: String,
+        detail: String,
+        outcome: String,
+    },
+    /// A partition's replicas in the final metadata.
+    Placement {
+        topic: String,
+        partition: u32,
+        replicas: Vec<u64>,
+    },
     /// A node failed: a panic, or a fatal error.
     NodeFailure {
         broker: u64,

@@ -185,6 +185,10 @@ pub struct Scenario {
     /// many as the lanes draw). Seeds never set it; the shrinker does.
     #[serde(default)]
     pub max_faults: Option<u64>,
+    /// An operator changes the cluster under load: a spare broker joins,
+    /// partitions move, brokers are drained, removed and shut down for good.
+    #[serde(default)]
+    pub membership: bool,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -235,6 +239,7 @@ impl Scenario {
             batching_producers: false,
             snapshot_every: None,
             max_faults: None,
+            membership: false,
         }
         .with_later_lanes(&mut rng, all_faults)
     }
@@ -252,6 +257,7 @@ impl Scenario {
             }
         }
         self.faults.sort();
+        self.membership = all_faults || rng.gen_bool(0.5);
         self
     }
 
@@ -278,7 +284,7 @@ impl Scenario {
             "seed {seed}: {brokers} brokers; topics {topics}; {producers} producers x {batches} batches of 1-{records} \
              records every {interval} ms{batching}; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
              hostile ack every {hostile}); \
-             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots}; \
+             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots};{membership} \
              safety {safety} ms, liveness bound {liveness} ms",
             seed = self.seed,
             brokers = self.brokers,
@@ -296,6 +302,7 @@ impl Scenario {
             fault_interval = self.fault_interval_ms,
             d0 = self.fault_duration_ms.0,
             d1 = self.fault_duration_ms.1,
+            membership = if self.membership { " a broker joins, partitions move, brokers are removed;" } else { "" },
             max_faults = self.max_faults.map_or_else(String::new, |n| format!(", at most {n}")),
             snapshots = match self.snapshot_every {
                 Some(n) => format!("every {n} entries"),

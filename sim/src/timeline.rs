@@ -53,7 +53,8 @@ fn lane_key(lane: &str) -> (u8, u64, String) {
         "producer" => 1,
         "consumer" => 2,
         "faults" => 3,
-        _ => 4,
+        "operator" => 4,
+        _ => 5,
     };
     let number = lane.rsplit('-').next().and_then(|n| n.parse().ok()).unwrap_or(0);
     (group, number, lane.to_string())
@@ -206,6 +207,12 @@ pub fn html(title: &str, events: &[Event], violations: &[Violation]) -> String {
             EventKind::LivenessTimeout { missing } => {
                 marks.push(("driver".into(), at, "failure", format!("liveness bound reached: {missing} unconsumed")));
                 lane("driver", &mut lanes);
+            }
+            EventKind::Membership { op, detail, outcome } => {
+                lane("operator", &mut lanes);
+                let class =
+                    if outcome.starts_with("ok") || outcome.starts_with("started") { "member" } else { "failure" };
+                marks.push(("operator".into(), at, class, format!("{op} {detail}: {outcome}")));
             }
             EventKind::ReplicaLog { broker, .. } | EventKind::Snapshots { broker, .. } => {
                 lane(&format!("broker-{broker}"), &mut lanes);
@@ -362,7 +369,7 @@ svg {{ border: 1px solid #ccc; background: #fff; }}
 .ack.ok {{ fill: #1565c0; }} .ack.fenced {{ fill: #ef6c00; }} .ack.fail {{ fill: #c62828; }} .ack.open {{ fill: #90caf9; }}
 .poll {{ fill: #6a1b9a; opacity: 0.8; }}
 .violation {{ stroke: #f00; stroke-width: 3; }}
-.mark.cut {{ fill: #000; }} .mark.bad, .mark.failure {{ fill: #f00; }} .mark.clock {{ fill: #795548; }}
+.mark.member {{ fill: #00838f; }} .mark.cut {{ fill: #000; }} .mark.bad, .mark.failure {{ fill: #f00; }} .mark.clock {{ fill: #795548; }}
 </style></head><body>
 <h1>{title}</h1>
 {list}

@@ -1,12 +1,13 @@
 //! Changing a running cluster with real `keel` processes: a fourth broker
 //! joins with `--join`, a partition's replicas move onto it (a Raft
 //! membership change driven by the partition's leader) without losing a
-//! record, broker 1 is drained and removed, and the cluster keeps serving
-//! without it. Broker 1 is started with a TOML config file, which this test
+//! record, broker 1 is drained and removed (and, still running, refuses
+//! clients), and the cluster keeps serving without it. Broker 1 is started with a TOML config file, which this test
 //! also covers.
 
 use std::time::{Duration, Instant};
 
+use keel_client::{Client, RetryPolicy};
 use keel_tests::{cli, cli_ok, free_port, Broker};
 
 fn json(broker: &str, args: &[&str]) -> serde_json::Value {
@@ -107,6 +108,16 @@ fn a_broker_joins_takes_over_replicas_and_another_is_drained_and_removed() {
     assert!(!refused.status.success(), "removing an unknown broker must fail");
     assert!(String::from_utf8_lossy(&refused.stderr).contains("not registered"));
     cli_ok(b2, &["cluster", "remove-broker", "1"], "");
+    // Still running, the removed broker refuses clients rather than answer
+    // from its frozen metadata (found by the simulation's membership lane:
+    // a consumer talking to it waited on a stale group for good).
+    let policy = RetryPolicy { deadline: Duration::from_secs(2), ..RetryPolicy::default() };
+    let removed = Client::new(vec![addresses[0].clone()], policy).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    eventually("the removed broker to refuse clients", || match runtime.block_on(removed.describe_cluster()) {
+        Err(error) => error.to_string().contains("was removed from the cluster"),
+        Ok(_) => false,
+    });
     broker1.take().unwrap().kill();
     let cluster = json(b2, &["cluster", "status", "--json"]);
     let mut brokers: Vec<u64> =

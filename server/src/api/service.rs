@@ -54,7 +54,16 @@ impl KeelService {
         call: impl std::future::Future<Output = Result<Response<T>, Status>>,
     ) -> Result<Response<T>, Status> {
         let started = tokio::time::Instant::now();
-        let result = call.await;
+        // A removed broker's metadata is frozen: answering from it would
+        // keep a client on stale groups and placements for good.
+        let result = if self.node.removed_from_cluster() {
+            Err(Status::unavailable(format!(
+                "broker {} was removed from the cluster: ask another broker (and shut this one down)",
+                self.node.id()
+            )))
+        } else {
+            call.await
+        };
         let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
         self.node.metrics().observe_request(rpc, code, started.elapsed().as_secs_f64());
         result

@@ -205,6 +205,25 @@ impl Node {
         Ok(())
     }
 
+    /// Whether this broker is on its way out of, or out of, the cluster: the
+    /// newest metadata membership it knows names it neither as a voter of
+    /// the target configuration nor as a learner. A removed broker never
+    /// hears of the final configuration (it is no longer sent entries), so
+    /// the joint one, where it is only in the outgoing half, is the sign. A
+    /// broker whose membership is still empty (joining) is not out.
+    pub fn removed_from_cluster(&self) -> bool {
+        let Some(raft) = self.raft(&GroupId::Metadata) else { return false };
+        let metrics = raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        let Some(target) = membership.get_joint_config().last() else { return false };
+        if target.is_empty() {
+            return false;
+        }
+        let me = self.id();
+        !target.contains(&me) && !membership.learner_ids().any(|learner| learner == me)
+    }
+
     /// On the metadata leader: take `broker`, which must hold no replicas,
     /// out of the metadata group and unregister it.
     pub async fn remove_broker(&self, broker: NodeId) -> Result<(), MembershipError> {
