@@ -23,7 +23,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::client::{Client, ClientError, KnownTopics, PRODUCER_LOST_METADATA, SEQUENCE_GAP_METADATA};
+use crate::client::{
+    Client, ClientError, KnownTopics, PRODUCER_LOST_METADATA, SEQUENCE_GAP_METADATA, TOPIC_GONE_METADATA,
+};
 
 /// How the batching producer gathers and sends.
 #[derive(Debug, Clone, Copy)]
@@ -80,6 +82,8 @@ pub enum SendError {
 pub struct Delivered {
     pub partition: u32,
     pub offset: u64,
+    /// The incarnation of the topic the record went to.
+    pub topic_id: u64,
 }
 
 /// The acknowledgement of one record, to wait for.
@@ -148,6 +152,23 @@ impl BatchingProducer {
     pub async fn send(&self, topic: &str, record: pb::Record) -> Result<Ack, ClientError> {
         let (partition, topic_id) = {
             let mut routing = self.routing.lock().await;
+            // A worker stops once the topic it sent to was deleted: drop it,
+            // and look the topic up again (it may exist anew).
+            let gone: Vec<(String, u32)> = self
+                .workers
+                .lock()
+                .expect("workers")
+                .iter()
+                .filter(|((t, _), (_, handle))| t == topic && handle.is_finished())
+                .map(|(key, _)| key.clone())
+                .collect();
+            if !gone.is_empty() {
+                let mut workers = self.workers.lock().expect("workers");
+                for key in gone {
+                    workers.remove(&key);
+                }
+                routing.topics.forget(topic);
+            }
             let (count, topic_id) = routing.topics.get(&self.client, topic).await?;
             let refused = |e: keel_core::routing::RoutingError| {
                 ClientError::Refused(tonic::Status::invalid_argument(e.to_string()))
@@ -202,6 +223,7 @@ impl BatchingProducer {
             linger_until: None,
             in_flight: VecDeque::new(),
             resend: VecDeque::new(),
+            topic_gone: false,
         };
         let handle = tokio::spawn(worker.run(incoming));
         workers.insert(key, (queue.clone(), handle));
@@ -250,6 +272,10 @@ struct Worker {
     /// Batches refused as gaps after a broken sequence: not appended, sent
     /// again (first) under the next producer id.
     resend: VecDeque<Batch>,
+    /// The incarnation of the topic this worker sends to was deleted:
+    /// everything still queued is refused, and the worker stops (the
+    /// producer starts a new one for the topic's next incarnation).
+    topic_gone: bool,
 }
 
 enum Event {
@@ -299,6 +325,9 @@ impl Worker {
     async fn run(mut self, mut incoming: mpsc::Receiver<Queued>) {
         let mut open = true;
         loop {
+            if self.topic_gone {
+                return self.refuse_everything(incoming).await;
+            }
             // After a broken sequence, nothing new goes until every batch sent
             // under the old producer id is answered, so records stay in order.
             let settled = self.in_flight.iter().all(|f| Some(f.sent_as.0) == self.producer_id);
@@ -349,6 +378,41 @@ impl Worker {
                 }
                 Event::Record(None) => open = false,
                 Event::Lingered => {}
+            }
+        }
+    }
+
+    /// The topic was deleted: answer every record queued here, and those
+    /// in flight once they come back, as refused.
+    async fn refuse_everything(mut self, mut incoming: mpsc::Receiver<Queued>) {
+        incoming.close();
+        let gone = SendError::Refused {
+            code: tonic::Code::NotFound,
+            message: format!("topic {} was deleted (the incarnation this producer sent to)", self.topic),
+        };
+        while let Some(queued) = incoming.recv().await {
+            let _ = queued.done.send(Err(gone.clone()));
+        }
+        for queued in std::mem::take(&mut self.pending) {
+            let _ = queued.done.send(Err(gone.clone()));
+        }
+        for batch in std::mem::take(&mut self.resend) {
+            finish(batch, Err(gone.clone()));
+        }
+        while let Some(mut sent) = self.in_flight.pop_front() {
+            let answer = send_outcome(&mut sent.reply).await;
+            let outcome = match answer {
+                Ok(response) => Ok(response),
+                Err(_) => Err(gone.clone()),
+            };
+            match outcome {
+                Ok(response) => {
+                    let (partition, topic_id) = (self.partition, self.topic_id);
+                    for (done, offset) in sent.batch.done.into_iter().zip(response.base_offset..) {
+                        let _ = done.send(Ok(Delivered { partition, offset, topic_id }));
+                    }
+                }
+                Err(error) => finish(sent.batch, Err(error)),
             }
         }
     }
@@ -408,15 +472,20 @@ impl Worker {
         }
         match answer {
             Ok(response) => {
-                let partition = self.partition;
+                let (partition, topic_id) = (self.partition, self.topic_id);
                 let offsets = response.base_offset..;
                 for (done, offset) in std::mem::take(&mut sent.batch.done).into_iter().zip(offsets) {
-                    let _ = done.send(Ok(Delivered { partition, offset }));
+                    let _ = done.send(Ok(Delivered { partition, offset, topic_id }));
                 }
             }
             // Sent under a producer id given up since: not appended (it was
             // refused as a gap); send it again under the new one.
             Err(error) if is_gap(&error) && self.producer_id != Some(producer_id) => self.resend.push_back(sent.batch),
+            Err(ClientError::Refused(status)) if status.metadata().get(TOPIC_GONE_METADATA).is_some() => {
+                self.topic_gone = true;
+                let failed = SendError::Refused { code: status.code(), message: status.message().to_string() };
+                finish(sent.batch, Err(failed));
+            }
             Err(error) => {
                 let failed = failure(&error);
                 // The sequence is broken (the outcome of this batch is not

@@ -15,6 +15,8 @@ pub struct Sent {
     pub count: u32,
     /// The batch had been appended by an earlier attempt.
     pub duplicate: bool,
+    /// The incarnation of the topic the batch went to.
+    pub topic_id: u64,
 }
 
 /// An idempotent producer. Batches to one partition go one at a time, each
@@ -170,6 +172,7 @@ impl Producer {
                     base_offset: response.base_offset,
                     count: response.count,
                     duplicate: response.duplicate,
+                    topic_id,
                 })
             }
             Err(ClientError::Refused(status)) if status.metadata().get(PRODUCER_LOST_METADATA).is_some() => {

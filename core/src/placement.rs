@@ -34,6 +34,13 @@ pub struct PartitionPlacement {
     /// (`MetadataCommand::MoveSettled`). A broker listed here still holds
     /// the partition's data and may not be removed.
     pub leaving: Vec<BrokerId>,
+    /// Whether the partition's Raft group has run with this placement's
+    /// replicas (its leader reported it, `MetadataCommand::MoveSettled`).
+    /// Until then the partition is not moved: a new group is initialised
+    /// only by the replicas of its first placement, so a move before any of
+    /// them started would leave a group nobody ever initialises.
+    #[serde(default)]
+    pub started: bool,
 }
 
 impl PartitionPlacement {
@@ -100,7 +107,7 @@ pub fn place_partitions(
         let leader_position =
             (0..replicas.len()).min_by_key(|&i| (load.leaders.get(&replicas[i]).copied().unwrap_or(0), i)).unwrap_or(0);
         replicas.swap(0, leader_position);
-        let placement = PartitionPlacement { replicas, epoch: 0, leaving: Vec::new() };
+        let placement = PartitionPlacement { replicas, epoch: 0, leaving: Vec::new(), started: false };
         load.add(std::slice::from_ref(&placement));
         placements.push(placement);
     }

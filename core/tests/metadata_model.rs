@@ -45,6 +45,9 @@ fn command() -> impl Strategy<Value = MetadataCommand> {
             topic, partitions, replication_factor, retention: RetentionPolicy::default()
         }),
         1 => name(&TOPICS).prop_map(|topic| MetadataCommand::DeleteTopic { topic }),
+        2 => (name(&TOPICS), 1u64..5, 0u32..5, 0u64..3).prop_map(|(topic, topic_id, p, epoch)| MetadataCommand::MoveSettled {
+            topic, topic_id, partition: PartitionIndex(p), epoch
+        }),
         1 => (name(&TOPICS), 0u32..5, proptest::collection::vec(1u64..6, 0..4)).prop_map(|(topic, p, replicas)| MetadataCommand::MoveReplicas {
             topic, partition: PartitionIndex(p), replicas: replicas.into_iter().map(BrokerId).collect()
         }),
@@ -79,6 +82,12 @@ struct Model {
     topics: BTreeMap<String, Vec<Vec<u64>>>,
     /// Brokers moved off a partition whose group may still name them.
     leaving: BTreeMap<(String, u32), BTreeSet<u64>>,
+    /// Each topic's id, the next id, each partition's placement epoch, and
+    /// the partitions whose group reported it started (MoveSettled).
+    ids: BTreeMap<String, u64>,
+    next_topic_id: u64,
+    epochs: BTreeMap<(String, u32), u64>,
+    started: BTreeSet<(String, u32)>,
     groups: BTreeMap<String, ModelGroup>,
     next_producer: u64,
 }
@@ -99,6 +108,10 @@ impl Model {
             brokers: BTreeMap::new(),
             topics: BTreeMap::new(),
             leaving: BTreeMap::new(),
+            ids: BTreeMap::new(),
+            next_topic_id: 1,
+            epochs: BTreeMap::new(),
+            started: BTreeSet::new(),
             groups: BTreeMap::new(),
             next_producer: 1,
         }
@@ -181,6 +194,20 @@ impl Model {
                 {
                     return Err("InvalidReplicas");
                 }
+                if !self.started.contains(&(topic.clone(), partition.0)) {
+                    return Err("PartitionNotStarted");
+                }
+                Ok(())
+            }
+            MetadataCommand::MoveSettled { topic, topic_id, partition, epoch } => {
+                if !legal(topic) {
+                    return Err("InvalidName");
+                }
+                if self.ids.get(topic) != Some(topic_id)
+                    || self.epochs.get(&(topic.clone(), partition.0)) != Some(epoch)
+                {
+                    return Err("StaleMoveReport");
+                }
                 Ok(())
             }
             MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor } => {
@@ -235,7 +262,7 @@ impl Model {
             MetadataCommand::AllocateProducerId => Ok(()),
             // Not generated: moves settling and drains are tested by example
             // in tests/rejections.rs.
-            MetadataCommand::MoveSettled { .. } | MetadataCommand::DrainBroker { .. } => unreachable!("not generated"),
+            MetadataCommand::DrainBroker { .. } => unreachable!("not generated"),
         }
     }
 
@@ -260,10 +287,22 @@ impl Model {
                     topic.clone(),
                     placements.iter().map(|p| p.replicas.iter().map(|b| b.0).collect()).collect(),
                 );
+                self.ids.insert(topic.clone(), self.next_topic_id);
+                self.next_topic_id += 1;
+                for p in 0..placements.len() as u32 {
+                    self.epochs.insert((topic.clone(), p), 0);
+                }
             }
             (MetadataCommand::DeleteTopic { topic }, _) => {
                 self.topics.remove(topic);
                 self.leaving.retain(|(t, _), _| t != topic);
+                self.ids.remove(topic);
+                self.epochs.retain(|(t, _), _| t != topic);
+                self.started.retain(|(t, _)| t != topic);
+            }
+            (MetadataCommand::MoveSettled { topic, partition, .. }, MetadataOutcome::MoveSettled { .. }) => {
+                self.leaving.remove(&(topic.clone(), partition.0));
+                self.started.insert((topic.clone(), partition.0));
             }
             (MetadataCommand::MoveReplicas { topic, partition, replicas }, _) => {
                 let to: Vec<u64> = replicas.iter().map(|b| b.0).collect();
@@ -272,6 +311,7 @@ impl Model {
                 let leaving = self.leaving.entry((topic.clone(), partition.0)).or_default();
                 leaving.extend(from);
                 leaving.retain(|b| !to.contains(b));
+                *self.epochs.get_mut(&(topic.clone(), partition.0)).expect("a placed partition") += 1;
             }
             (
                 MetadataCommand::JoinGroup { group, member, topics, assignor, .. },
@@ -350,6 +390,7 @@ fn rejection_kind(rejection: &MetadataRejection) -> &'static str {
         MetadataRejection::UnknownBroker { .. } => "UnknownBroker",
         MetadataRejection::BrokerHoldsReplicas { .. } => "BrokerHoldsReplicas",
         MetadataRejection::StaleMoveReport { .. } => "StaleMoveReport",
+        MetadataRejection::PartitionNotStarted { .. } => "PartitionNotStarted",
         MetadataRejection::NowhereToDrain { .. } => "NowhereToDrain",
         MetadataRejection::TopicExists { .. } => "TopicExists",
         MetadataRejection::UnknownTopic { .. } => "UnknownTopic",

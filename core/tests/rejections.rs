@@ -39,7 +39,23 @@ fn cluster() -> MetadataState {
     ] {
         state.apply(TimestampMs(1), &command).unwrap();
     }
+    start(&mut state, "t");
     state
+}
+
+/// Every partition of `topic` reports that its group runs (as its first
+/// leader does): only then may it move.
+fn start(state: &mut MetadataState, topic: &str) {
+    let info = state.topic(&keel_core::TopicName::new(topic).unwrap()).unwrap().clone();
+    for (p, placement) in info.partitions.iter().enumerate() {
+        let report = MetadataCommand::MoveSettled {
+            topic: topic.into(),
+            topic_id: info.id,
+            partition: PartitionIndex(p as u32),
+            epoch: placement.epoch,
+        };
+        state.apply(TimestampMs(1), &report).unwrap();
+    }
 }
 
 fn create(topic: &str, partitions: u32, replication_factor: u32) -> MetadataCommand {
@@ -416,6 +432,28 @@ fn moving_replicas_bumps_the_placement_epoch() {
     let placement = &state.topic(&topic).unwrap().partitions[0];
     assert_eq!((placement.replicas.clone(), placement.epoch), (vec![BrokerId(2), BrokerId(1)], 1));
     assert_eq!(state.topic(&topic).unwrap().partitions[1].epoch, 0);
+}
+
+#[test]
+fn a_partition_whose_group_never_ran_is_neither_moved_nor_drained() {
+    // Created while its brokers were down: no replica has run its group yet.
+    let mut state = cluster();
+    state.apply(TimestampMs(2), &register(3)).unwrap();
+    state.apply(TimestampMs(2), &create("new", 1, 2)).unwrap();
+    let before = state.clone();
+    let to = vec![BrokerId(2), BrokerId(3)];
+    let command = MetadataCommand::MoveReplicas { topic: "new".into(), partition: PartitionIndex(0), replicas: to };
+    let refused = state.apply(TimestampMs(3), &command);
+    assert!(matches!(refused, Err(MetadataRejection::PartitionNotStarted { .. })), "{refused:?}");
+    let placement = &state.topic(&keel_core::TopicName::new("new").unwrap()).unwrap().partitions[0];
+    let on = placement.replicas[0];
+    let drain = MetadataCommand::DrainBroker { broker: on };
+    assert!(matches!(state.apply(TimestampMs(3), &drain), Err(MetadataRejection::PartitionNotStarted { .. })));
+    assert_eq!(state.topics(), before.topics(), "nothing changed");
+    // Once its leader reports the group runs, it moves.
+    start(&mut state, "new");
+    state.apply(TimestampMs(4), &command).unwrap();
+    state.check_invariants().unwrap();
 }
 
 fn register(broker: u64) -> MetadataCommand {

@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::history::{Event, EventKind, Seen};
+use crate::history::{topic_key, Event, EventKind, Seen};
 
 /// A guarantee the simulation checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -86,6 +86,22 @@ type Partition = (String, u32);
 pub fn check(events: &[Event]) -> Verdict {
     let mut findings = Findings { violations: Vec::new(), per_guarantee: BTreeMap::new() };
     let acked = acknowledged(events);
+    // Records acknowledged to an incarnation of a topic deleted since are
+    // gone with it, by design: only the final incarnations' must survive
+    // and be consumed. (A run without a final placement keeps them all.)
+    let current: BTreeSet<String> = events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Placement { topic, .. } => Some(topic.clone()),
+            _ => None,
+        })
+        .collect();
+    let acked_all = acked;
+    let acked: Vec<Acked> = if current.is_empty() {
+        acked_all
+    } else {
+        acked_all.into_iter().filter(|a| current.contains(&a.partition.0)).collect()
+    };
     // A run cut short by a panic has no final reads: judge only what the
     // history up to the panic shows.
     let complete = events.iter().any(|e| matches!(&e.kind, EventKind::Phase { name } if name == "final"));
@@ -128,10 +144,11 @@ fn acknowledged(events: &[Event]) -> Vec<Acked> {
             EventKind::ProduceInvoke { op, producer, topic, partition, values } => {
                 invoked.insert(*op, ((topic.clone(), *partition), values.clone(), *producer));
             }
-            EventKind::ProduceOk { op, base_offset, .. } => {
+            EventKind::ProduceOk { op, base_offset, topic_id, .. } => {
                 if let Some((partition, values, producer)) = invoked.get(op) {
+                    let partition: &Partition = partition;
                     acked.push(Acked {
-                        partition: partition.clone(),
+                        partition: (topic_key(&partition.0, *topic_id), partition.1),
                         base_offset: *base_offset,
                         values: values.clone(),
                         producer: *producer,
@@ -329,8 +346,9 @@ fn order(events: &[Event], findings: &mut Findings) {
             EventKind::ProduceInvoke { op, producer, topic, partition, .. } => {
                 invoked.insert(*op, (*producer, topic.clone(), *partition));
             }
-            EventKind::ProduceOk { op, base_offset, .. } => {
-                if let Some(key) = invoked.get(op) {
+            EventKind::ProduceOk { op, base_offset, topic_id, .. } => {
+                if let Some((producer, topic, partition)) = invoked.get(op) {
+                    let key = &(*producer, topic_key(topic, *topic_id), *partition);
                     if let Some(last) = last_produced.get(key) {
                         if *base_offset <= *last {
                             findings.add(

@@ -39,7 +39,7 @@ use madsim::task::NodeId as HostId;
 use madsim::time::Instant;
 
 use crate::checkers::{check, Verdict};
-use crate::history::{trace_hash, EventKind, Recorder, Seen};
+use crate::history::{topic_key, trace_hash, EventKind, Recorder, Seen};
 use crate::scenario::{FaultKind, Scenario};
 
 /// A deliberate bug, for the negative controls.
@@ -452,13 +452,13 @@ async fn join_until_member(node: Node, id: u64, through: Vec<String>, recorder: 
         match node.join_cluster(address).await {
             Ok(()) => {
                 let at = start.elapsed().as_millis() as u64;
-                recorder.record(at, &process, EventKind::Membership { op, detail, outcome: "ok".into() });
+                recorder.record(at, &process, EventKind::Operator { op, detail, outcome: "ok".into() });
                 return;
             }
             Err(refusal @ keel_server::raft::network::JoinRefusal::Refused(_)) => {
                 let at = start.elapsed().as_millis() as u64;
                 let outcome = format!("refused: {refusal:?}");
-                recorder.record(at, &process, EventKind::Membership { op, detail, outcome });
+                recorder.record(at, &process, EventKind::Operator { op, detail, outcome });
                 return;
             }
             Err(_) => madsim::time::sleep(Duration::from_millis(500)).await,
@@ -544,12 +544,14 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
             madsim::task::spawn(async move { lane(w, over).await })
         })
         .collect();
-    if scenario.membership {
+    if scenario.membership || scenario.topic_lifecycle {
         // The operator is a client host like any other (network faults reach it).
         let operator = handle.create_node().name("operator").ip(IpAddr::from([10, 0, 3, 2])).build();
         world.producer_hosts.push(operator.id());
         let (w, over) = (world.clone(), safety_over.clone());
         lanes.push(operator.spawn(async move { lane_membership(w, over).await }));
+        let (w, over) = (world.clone(), safety_over.clone());
+        lanes.push(operator.spawn(async move { lane_topics(w, over).await }));
     }
     madsim::time::sleep(Duration::from_millis(scenario.safety_ms)).await;
     safety_over.store(true, Ordering::SeqCst);
@@ -638,6 +640,7 @@ async fn produce(world: World, p: u32) {
                     base_offset: sent.base_offset,
                     count: sent.count,
                     duplicate: sent.duplicate,
+                    topic_id: sent.topic_id,
                 },
             ),
             Err(error) => world.record(&process, EventKind::ProduceFail { op, error: error.to_string() }),
@@ -681,7 +684,13 @@ async fn produce_batching(world: World, p: u32) {
                 match ack.wait().await {
                     Ok(delivered) => world.record(
                         &process,
-                        EventKind::ProduceOk { op, base_offset: delivered.offset, count: 1, duplicate: false },
+                        EventKind::ProduceOk {
+                            op,
+                            base_offset: delivered.offset,
+                            count: 1,
+                            duplicate: false,
+                            topic_id: delivered.topic_id,
+                        },
                     ),
                     Err(error) => world.record(&process, EventKind::ProduceFail { op, error: error.to_string() }),
                 }
@@ -765,7 +774,7 @@ async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
     let mut polls = 0u32;
     let mut positions: BTreeMap<(String, u32), u64> = BTreeMap::new();
     // The last offset polled per partition since the last acks.
-    let mut pending: BTreeMap<(String, u32), u64> = BTreeMap::new();
+    let mut pending: BTreeMap<(String, u32), (u64, u64)> = BTreeMap::new();
     // Partitions polled (even empty) per generation: the first poll claims.
     let mut claimed: BTreeSet<(u64, String, u32)> = BTreeSet::new();
     loop {
@@ -780,20 +789,21 @@ async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
                 continue;
             }
         };
-        let Some((topic, partition, generation)) =
-            consumer.last_polled().map(|(p, generation)| (p.topic.clone(), p.partition, generation))
+        let Some((topic, topic_id, partition, generation)) =
+            consumer.last_polled().map(|(p, generation)| (p.topic.clone(), p.topic_id, p.partition, generation))
         else {
             continue;
         };
+        let key = topic_key(&topic, topic_id);
         // Record every poll with records, and the first (claiming) poll of
         // a generation on a partition even when empty.
-        if !deliveries.is_empty() || claimed.insert((generation, topic.clone(), partition)) {
+        if !deliveries.is_empty() || claimed.insert((generation, key.clone(), partition)) {
             world.record(
                 &process,
                 EventKind::PollOk {
                     member: member.clone(),
                     generation,
-                    topic: topic.clone(),
+                    topic: key.clone(),
                     partition,
                     invoked_at_ms,
                     records: deliveries.iter().map(|d| seen(&d.record)).collect(),
@@ -801,7 +811,7 @@ async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
             );
         }
         if let Some(last) = deliveries.last() {
-            pending.insert((topic.clone(), partition), last.record.offset);
+            pending.insert((topic.clone(), partition), (last.record.offset, topic_id));
         }
         polls += 1;
         if polls % scenario.ack_every_polls != 0 || pending.is_empty() {
@@ -809,7 +819,7 @@ async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
         }
         // Processing takes a while: a pause landing here makes a zombie.
         madsim::time::sleep(Duration::from_millis(rng.gen_range(0..200))).await;
-        for ((topic, partition), offset) in std::mem::take(&mut pending) {
+        for ((topic, partition), (offset, topic_id)) in std::mem::take(&mut pending) {
             let ack = |offset: u64, hostile: bool, generation: u64| {
                 let op = world.recorder.op();
                 world.record(
@@ -818,7 +828,7 @@ async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
                         op,
                         member: member.clone(),
                         generation,
-                        topic: topic.clone(),
+                        topic: topic_key(&topic, topic_id),
                         partition,
                         offset,
                         hostile,
@@ -892,10 +902,13 @@ async fn sample_positions(world: World) {
                         PartitionIndex(partition),
                     );
                     let replica = replicas.entry((broker.id, topic.name.clone(), partition)).or_insert((0, false));
-                    let Some(state) = node.partition(&tp) else {
+                    let (Some(state), Some(GroupId::Partition(_, topic_id))) =
+                        (node.partition(&tp), node.partition_group(&tp))
+                    else {
                         replica.1 = false;
                         continue;
                     };
+                    let key_topic = topic_key(&topic.name, topic_id);
                     if !replica.1 {
                         *replica = (replica.0 + 1, true);
                     }
@@ -904,14 +917,14 @@ async fn sample_positions(world: World) {
                     for group in state.groups().keys() {
                         let position = state.group_position(group).0;
                         let high_watermark = state.high_watermark().0;
-                        let key = (broker.id, life, topic.name.clone(), partition, group.to_string());
+                        let key = (broker.id, life, key_topic.clone(), partition, group.to_string());
                         if last.insert(key, (position, high_watermark)) != Some((position, high_watermark)) {
                             world.record(
                                 &format!("broker-{}", broker.id),
                                 EventKind::PositionSample {
                                     broker: broker.id,
                                     incarnation: life,
-                                    topic: topic.name.clone(),
+                                    topic: key_topic.clone(),
                                     partition,
                                     group: group.to_string(),
                                     position,
@@ -1141,11 +1154,14 @@ fn lane_membership(
     over: Arc<AtomicBool>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
+        if !world.scenario.membership {
+            return;
+        }
         let mut rng = madsim::rand::thread_rng();
         let handle = Handle::current();
         let client = world.client();
         let record = |op: &str, detail: String, outcome: String| {
-            world.record("operator", EventKind::Membership { op: op.into(), detail, outcome });
+            world.record("operator", EventKind::Operator { op: op.into(), detail, outcome });
         };
         let outcome = |result: Result<String, keel_client::ClientError>| match result {
             Ok(ok) => ok,
@@ -1212,6 +1228,61 @@ fn lane_membership(
                     }
                 }
             }
+        }
+    })
+}
+
+/// Most topic deletions (each followed by a re-creation) in one run.
+const TOPIC_DELETIONS_MAX: u32 = 1;
+
+/// An operator deletes a topic that producers and the group use, then
+/// creates it again under the same name and shape (a new incarnation,
+/// starting at offset 0), retrying until it exists, brokers down or not.
+/// What was acknowledged to the deleted incarnation is gone by design.
+fn lane_topics(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        if !world.scenario.topic_lifecycle {
+            return;
+        }
+        let mut rng = madsim::rand::thread_rng();
+        let client = world.client();
+        let record = |op: &str, detail: String, outcome: String| {
+            world.record("operator", EventKind::Operator { op: op.into(), detail, outcome });
+        };
+        for _ in 0..TOPIC_DELETIONS_MAX {
+            madsim::time::sleep(Duration::from_millis(rng.gen_range(3_000..8_000))).await;
+            if over.load(Ordering::SeqCst) {
+                return;
+            }
+            let topic = world.scenario.topics[rng.gen_range(0..world.scenario.topics.len())].clone();
+            let deleted = match client.delete_topic(&topic.name).await {
+                Ok(()) => "ok".to_string(),
+                Err(error) => format!("failed: {error}"),
+            };
+            record("delete-topic", topic.name.clone(), deleted);
+            madsim::time::sleep(Duration::from_millis(rng.gen_range(200..3_000))).await;
+            let request = pb::CreateTopicRequest {
+                topic: topic.name.clone(),
+                partitions: topic.partitions,
+                replication_factor: topic.replication_factor,
+                ..Default::default()
+            };
+            // Re-created even after the safety phase: the workload needs it.
+            let deadline = world.now_ms() + 30_000;
+            let created = loop {
+                match client.create_topic(request.clone()).await {
+                    Ok(created) => break format!("ok: id {}", created.id),
+                    Err(error) if world.now_ms() >= deadline => break format!("gave up: {error}"),
+                    Err(error) => {
+                        // An earlier attempt's lost answer: the topic exists.
+                        if let Ok(found) = client.describe_topic_fresh(&topic.name).await {
+                            break format!("ok: id {} (after {error})", found.id);
+                        }
+                        madsim::time::sleep(Duration::from_millis(300)).await;
+                    }
+                }
+            };
+            record("create-topic", topic.name.clone(), created);
         }
     })
 }
@@ -1405,18 +1476,37 @@ fn heal_everything(world: &World) {
     world.record("faults", EventKind::Heal { kind: "all".into(), detail: "network, clocks".into() });
 }
 
-/// Acknowledged values not yet delivered to any consumer.
+/// The topics' current incarnations (`name@id`), as the most advanced
+/// live replica of the metadata knows them.
+fn current_topics(world: &World) -> BTreeSet<String> {
+    let nodes = world.live_nodes();
+    let newest = nodes
+        .iter()
+        .max_by_key(|n| n.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().last_applied.map(|l| l.index)));
+    let Some(metadata) = newest.map(|n| n.metadata()) else { return BTreeSet::new() };
+    metadata.topics().iter().map(|(name, info)| topic_key(name.as_str(), info.id)).collect()
+}
+
+/// Acknowledged values (of the topics' current incarnations) not yet
+/// delivered to any consumer.
 fn unconsumed(world: &World) -> u64 {
     let events = world.recorder.events();
+    let current = current_topics(world);
     let mut values = BTreeMap::new();
     let mut acked = BTreeSet::new();
     let mut delivered = BTreeSet::new();
     for event in &events {
         match &event.kind {
-            EventKind::ProduceInvoke { op, values: v, .. } => {
-                values.insert(*op, v.clone());
+            EventKind::ProduceInvoke { op, values: v, topic, .. } => {
+                values.insert(*op, (topic.clone(), v.clone()));
             }
-            EventKind::ProduceOk { op, .. } => acked.extend(values.get(op).cloned().unwrap_or_default()),
+            EventKind::ProduceOk { op, topic_id, .. } => {
+                if let Some((topic, v)) = values.get(op) {
+                    if current.contains(&topic_key(topic, *topic_id)) {
+                        acked.extend(v.iter().cloned());
+                    }
+                }
+            }
             EventKind::PollOk { records, .. } => delivered.extend(records.iter().map(|r| r.value.clone())),
             _ => {}
         }
@@ -1492,6 +1582,7 @@ async fn probe_writes(world: &World) {
                 let deadline = world.now_ms() + WRITE_PROBE_BOUND.as_millis() as u64;
                 let mut last_error = None;
                 let mut offset = None;
+                let mut topic_id = 0;
                 // One idempotent producer for every attempt: a retry of an
                 // answer lost on the way is not appended twice.
                 let mut producer = None;
@@ -1505,7 +1596,10 @@ async fn probe_writes(world: &World) {
                     if let Some(producer) = producer.as_mut() {
                         let record = pb::Record { value: value.clone().into_bytes(), ..Default::default() };
                         match producer.send_to(&topic, partition, vec![record]).await {
-                            Ok(sent) => offset = Some(sent.base_offset),
+                            Ok(sent) => {
+                                offset = Some(sent.base_offset);
+                                topic_id = sent.topic_id;
+                            }
                             Err(error) => last_error = Some(error.to_string()),
                         }
                     }
@@ -1514,6 +1608,7 @@ async fn probe_writes(world: &World) {
                     }
                 }
                 let error = if offset.is_some() { None } else { last_error };
+                let topic = topic_key(&topic, topic_id);
                 world.record("driver", EventKind::WriteProbe { topic, partition, value, offset, error });
             })
         })
@@ -1559,7 +1654,7 @@ async fn final_reads(world: &World) {
                 world.record(
                     "driver",
                     EventKind::Placement {
-                        topic: topic.name.clone(),
+                        topic: topic_key(&topic.name, info.id),
                         partition: p as u32,
                         replicas: placement.replicas.iter().map(|b| b.0).collect(),
                     },
@@ -1576,6 +1671,7 @@ async fn final_reads(world: &World) {
         for topic in &world.scenario.topics {
             for p in 0..topic.partitions {
                 let tp = TopicPartition::new(TopicName::new(topic.name.as_str()).expect("name"), PartitionIndex(p));
+                let Some(GroupId::Partition(_, topic_id)) = node.partition_group(&tp) else { continue };
                 let read = node.read_partition(&tp, |state, log| {
                     let records = state.read(log, state.log_start(), u32::MAX, u64::MAX).unwrap_or_default();
                     (state.log_start().0, state.high_watermark().0, records)
@@ -1593,7 +1689,7 @@ async fn final_reads(world: &World) {
                     &format!("broker-{}", broker.id),
                     EventKind::ReplicaLog {
                         broker: broker.id,
-                        topic: topic.name.clone(),
+                        topic: topic_key(&topic.name, topic_id),
                         partition: p,
                         log_start,
                         high_watermark,

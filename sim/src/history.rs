@@ -46,6 +46,10 @@ pub enum EventKind {
         base_offset: u64,
         count: u32,
         duplicate: bool,
+        /// The topic incarnation the records went to (0 in histories from
+        /// before topics were deleted and created again in a run).
+        #[serde(default)]
+        topic_id: u64,
     },
     ProduceFail {
         op: u64,
@@ -148,9 +152,9 @@ pub enum EventKind {
         offset: Option<u64>,
         error: Option<String>,
     },
-    /// An operator's change of the cluster (add, move, drain, remove,
-    /// shut down) and how it went.
-    Membership {
+    /// An operator's change of the cluster (add, move, drain, remove and
+    /// shut down brokers; delete and create topics) and how it went.
+    Operator {
         op: String,
         detail: String,
         outcome: String,
@@ -170,6 +174,18 @@ pub enum EventKind {
     LivenessTimeout {
         missing: u64,
     },
+}
+
+/// How events name one incarnation of a topic: `name@id`. Every event
+/// after the invocation of a produce names topics so (a topic deleted and
+/// created again under the same name is another log, starting at 0); a
+/// produce's invocation names the topic, its acknowledgement the id.
+pub fn topic_key(topic: &str, topic_id: u64) -> String {
+    if topic_id == 0 {
+        topic.to_string()
+    } else {
+        format!("{topic}@{topic_id}")
+    }
 }
 
 /// An event with its simulated time since the run began.

@@ -189,6 +189,10 @@ pub struct Scenario {
     /// partitions move, brokers are drained, removed and shut down for good.
     #[serde(default)]
     pub membership: bool,
+    /// An operator deletes topics in use and creates them again under the
+    /// same name (also while brokers are down), once a run.
+    #[serde(default)]
+    pub topic_lifecycle: bool,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -240,6 +244,7 @@ impl Scenario {
             snapshot_every: None,
             max_faults: None,
             membership: false,
+            topic_lifecycle: false,
         }
         .with_later_lanes(&mut rng, all_faults)
     }
@@ -258,6 +263,7 @@ impl Scenario {
         }
         self.faults.sort();
         self.membership = all_faults || rng.gen_bool(0.5);
+        self.topic_lifecycle = all_faults || rng.gen_bool(0.5);
         self
     }
 
@@ -302,7 +308,12 @@ impl Scenario {
             fault_interval = self.fault_interval_ms,
             d0 = self.fault_duration_ms.0,
             d1 = self.fault_duration_ms.1,
-            membership = if self.membership { " a broker joins, partitions move, brokers are removed;" } else { "" },
+            membership = match (self.membership, self.topic_lifecycle) {
+                (true, true) => " a broker joins, partitions move, brokers are removed, topics are deleted and re-created;",
+                (true, false) => " a broker joins, partitions move, brokers are removed;",
+                (false, true) => " topics are deleted and re-created;",
+                (false, false) => "",
+            },
             max_faults = self.max_faults.map_or_else(String::new, |n| format!(", at most {n}")),
             snapshots = match self.snapshot_every {
                 Some(n) => format!("every {n} entries"),

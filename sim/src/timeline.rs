@@ -139,7 +139,7 @@ pub fn html(title: &str, events: &[Event], violations: &[Violation]) -> String {
                     format!("{kind} op {op} by {member} (generation {generation}) {topic}/{partition} offset {offset}");
                 open_ops.insert(*op, (process.to_string(), at, "ack", title, Vec::new()));
             }
-            EventKind::ProduceOk { op, base_offset, count, duplicate } => {
+            EventKind::ProduceOk { op, base_offset, count, duplicate, .. } => {
                 if let Some((lane, from, _, title, values)) = open_ops.remove(op) {
                     let dup = if *duplicate { " (duplicate)" } else { "" };
                     let title = format!("{title}\nok: {count} records at offset {base_offset}{dup}");
@@ -208,7 +208,7 @@ pub fn html(title: &str, events: &[Event], violations: &[Violation]) -> String {
                 marks.push(("driver".into(), at, "failure", format!("liveness bound reached: {missing} unconsumed")));
                 lane("driver", &mut lanes);
             }
-            EventKind::Membership { op, detail, outcome } => {
+            EventKind::Operator { op, detail, outcome } => {
                 lane("operator", &mut lanes);
                 let class =
                     if outcome.starts_with("ok") || outcome.starts_with("started") { "member" } else { "failure" };
@@ -408,7 +408,11 @@ mod tests {
             ),
             event(20, "faults", EventKind::Fault { kind: "crash".into(), detail: "broker 2".into() }),
             event(25, "broker-2", EventKind::PowerCut { broker: 2, groups: 3, lost: vec![] }),
-            event(30, "producer-0", EventKind::ProduceOk { op: 1, base_offset: 0, count: 1, duplicate: false }),
+            event(
+                30,
+                "producer-0",
+                EventKind::ProduceOk { op: 1, base_offset: 0, count: 1, duplicate: false, topic_id: 0 },
+            ),
             event(
                 40,
                 "consumer-0",

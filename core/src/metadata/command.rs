@@ -120,6 +120,11 @@ pub enum MetadataRejection {
     )]
     StaleMoveReport { topic: String, topic_id: u64, partition: PartitionIndex, epoch: u64 },
     #[error(
+        "partition {partition} has not started yet (its replicas have not run its Raft group; a topic created \
+         while its brokers were down starts once they are back): retry the move once it has a leader"
+    )]
+    PartitionNotStarted { partition: TopicPartition },
+    #[error(
         "broker {broker}'s replica of {partition} has nowhere to go: every other broker already holds it or is \
          draining; add a broker first"
     )]

@@ -298,6 +298,9 @@ impl MetadataState {
         let Some(placement) = info.partitions.get_mut(partition.0 as usize) else {
             return Err(MetadataRejection::UnknownPartition { topic: name, partition, partitions });
         };
+        if !placement.started {
+            return Err(MetadataRejection::PartitionNotStarted { partition: TopicPartition::new(name, partition) });
+        }
         let from = std::mem::replace(&mut placement.replicas, replicas.to_vec());
         placement.epoch = placement.epoch.saturating_add(1);
         placement.leaving = leaving_after_move(&placement.leaving, &from, replicas);
@@ -316,6 +319,7 @@ impl MetadataState {
             return Err(stale());
         };
         placement.leaving.clear();
+        placement.started = true;
         Ok(MetadataOutcome::MoveSettled { partition: TopicPartition::new(name, partition) })
     }
 
@@ -340,6 +344,10 @@ impl MetadataState {
         for (name, info) in topics.iter_mut() {
             for (index, placement) in info.partitions.iter_mut().enumerate() {
                 let Some(slot) = placement.replicas.iter().position(|b| *b == broker) else { continue };
+                if !placement.started {
+                    let partition = TopicPartition::new(name.clone(), PartitionIndex(index as u32));
+                    return Err(MetadataRejection::PartitionNotStarted { partition });
+                }
                 let target = load
                     .iter()
                     .filter(|(candidate, _)| !placement.replicas.contains(candidate))

@@ -99,6 +99,8 @@ pub(super) fn metadata_rejection(rejection: MetadataRejection) -> Status {
         | TooManyGroups { .. }
         | TooManyMembers { .. }
         | ProducerIdsExhausted => Code::ResourceExhausted,
+        // Clients retry: the group starts as soon as its brokers are up.
+        PartitionNotStarted { .. } => Code::Unavailable,
         BrokerHoldsReplicas { .. } | AssignorMismatch { .. } | StaleMoveReport { .. } | NowhereToDrain { .. } => {
             Code::FailedPrecondition
         }

@@ -402,7 +402,9 @@ impl Node {
         if !moved.is_empty() {
             return Some(Convergence::UpdateAddresses(moved));
         }
-        if committed && !placement.leaving.is_empty() {
+        // Also the first time a group runs with its placement: until the
+        // metadata knows it started, the partition is not moved.
+        if committed && (!placement.leaving.is_empty() || !placement.started) {
             return Some(Convergence::ReportSettled(MoveSettledReport {
                 topic: partition.topic.to_string(),
                 topic_id: *topic_id,
