@@ -763,6 +763,7 @@ impl Node {
         if !leading {
             return;
         }
+        self.finish_joint_membership(&metadata);
         // Session deadlines are monotonic: a step of the wall clock neither
         // keeps a dead member nor expires the live ones.
         let now = self.inner.clock.monotonic();

@@ -1636,6 +1636,22 @@ async fn final_reads(world: &World) {
     }
     // The placement the metadata leader knows (or the most advanced replica).
     let nodes = world.live_nodes();
+    if std::env::var_os("KEEL_SIM_DEBUG").is_some() {
+        for n in &nodes {
+            let raft = n.raft(&GroupId::Metadata).unwrap();
+            let m = raft.metrics().borrow().clone();
+            eprintln!(
+                "DEBUG broker {} leader {:?} term {} last_log {:?} applied {:?} membership {:?} removed {}",
+                n.id(),
+                m.current_leader,
+                m.current_term,
+                m.last_log_index,
+                m.last_applied,
+                m.membership_config.membership().get_joint_config(),
+                n.removed_from_cluster()
+            );
+        }
+    }
     let leader = nodes
         .iter()
         .find(|n| n.raft(&GroupId::Metadata).is_some_and(|r| r.metrics().borrow().current_leader == Some(n.id())));

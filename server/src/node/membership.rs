@@ -207,21 +207,54 @@ impl Node {
 
     /// Whether this broker is on its way out of, or out of, the cluster: the
     /// newest metadata membership it knows names it neither as a voter of
-    /// the target configuration nor as a learner. A removed broker never
-    /// hears of the final configuration (it is no longer sent entries), so
-    /// the joint one, where it is only in the outgoing half, is the sign. A
-    /// broker whose membership is still empty (joining) is not out.
+    /// the target configuration nor as a learner, and it does not lead the
+    /// group. A removed broker never hears of the final configuration (it
+    /// is no longer sent entries), so the joint one, where it is only in the
+    /// outgoing half, is the sign; but while it still leads that joint
+    /// configuration it is the one broker that can finish it. A broker
+    /// whose membership is still empty (joining) is not out.
     pub fn removed_from_cluster(&self) -> bool {
         let Some(raft) = self.raft(&GroupId::Metadata) else { return false };
         let metrics = raft.metrics();
         let metrics = metrics.borrow();
+        let me = self.id();
+        if metrics.current_leader == Some(me) {
+            return false;
+        }
         let membership = metrics.membership_config.membership();
         let Some(target) = membership.get_joint_config().last() else { return false };
         if target.is_empty() {
             return false;
         }
-        let me = self.id();
         !target.contains(&me) && !membership.learner_ids().any(|learner| learner == me)
+    }
+
+    /// On the metadata leader: a joint configuration whose change nobody
+    /// drives any more (openraft leaves the second step to the caller of
+    /// `change_membership`, and a RemoveBroker or join whose caller went
+    /// away, or a leader that crashed in between, leaves it half done)
+    /// is finished here by moving to its target voters.
+    pub(super) fn finish_joint_membership(&self, raft: &Raft) {
+        let target = {
+            let metrics = raft.metrics();
+            let metrics = metrics.borrow();
+            let joint = metrics.membership_config.membership().get_joint_config();
+            if joint.len() < 2 {
+                return;
+            }
+            joint.last().cloned().unwrap_or_default()
+        };
+        let group = GroupId::Metadata;
+        if !self.inner.membership_changes.lock().expect("membership changes").insert(group.clone()) {
+            return;
+        }
+        let (node, raft) = (self.clone(), raft.clone());
+        self.spawn(async move {
+            if let Err(error) = raft.change_membership(ChangeMembers::ReplaceAllVoters(target), false).await {
+                tracing::info!(error = %write_error(&group, error), "could not finish a joint metadata membership yet");
+            }
+            node.inner.membership_changes.lock().expect("membership changes").remove(&group);
+        });
     }
 
     /// On the metadata leader: take `broker`, which must hold no replicas,
@@ -439,11 +472,17 @@ impl Node {
             return Err(JoinRefusal::NotLeader { leader, internal_address });
         }
         // A report this leader's metadata already contradicts (another
-        // epoch, another incarnation, nothing leaving) is refused here, so
+        // epoch, another incarnation) is refused here, and one it already
+        // took (nothing leaving, the group known to run) is done, so
         // that a lagging reporter does not fill the log with rejections.
         let current = self.metadata().topics().iter().find_map(|(name, topic)| {
             (name.as_str() == report.topic && topic.id == report.topic_id)
-                .then(|| topic.partitions.get(report.partition as usize).map(|p| (p.epoch, p.leaving.is_empty())))
+                .then(|| {
+                    topic
+                        .partitions
+                        .get(report.partition as usize)
+                        .map(|p| (p.epoch, p.leaving.is_empty() && p.started))
+                })
                 .flatten()
         });
         match current {
