@@ -94,6 +94,24 @@ pub fn plant(bugs: &[Bug]) {
     PLANTED.with(|planted| planted.set(bugs.iter().fold(0, |bits, bug| bits | bug.bit())));
 }
 
+thread_local! {
+    static REJECTIONS: std::cell::RefCell<std::collections::BTreeMap<(&'static str, &'static str), u64>> =
+        const { std::cell::RefCell::new(std::collections::BTreeMap::new()) };
+}
+
+/// Count a rejection of `kind` by state machine `machine` ("metadata",
+/// "partition") applied on this thread (every replica's apply counts): the
+/// simulation reports which kinds a campaign reached.
+pub fn note_rejection(machine: &'static str, kind: &'static str) {
+    REJECTIONS.with(|counts| *counts.borrow_mut().entry((machine, kind)).or_default() += 1);
+}
+
+/// The rejections counted on this thread since the last call, by
+/// (machine, kind).
+pub fn take_rejections() -> std::collections::BTreeMap<(&'static str, &'static str), u64> {
+    REJECTIONS.with(|counts| std::mem::take(&mut *counts.borrow_mut()))
+}
+
 /// Whether `bug` is planted on this thread.
 pub fn is_planted(bug: Bug) -> bool {
     PLANTED.with(|planted| planted.get() & bug.bit() != 0)

@@ -435,6 +435,9 @@ pub fn check_commands(commands: &[MetadataCommand]) -> Result<(), TestCaseError>
             (Ok(()), Ok(outcome)) => model.apply(command, outcome)?,
             (Err(kind), Err(rejection)) => {
                 prop_assert_eq!(*kind, rejection_kind(rejection), "step {} {:?}", step, command);
+                // The kind the simulation counts is the same name, and listed.
+                prop_assert_eq!(rejection.kind(), rejection_kind(rejection));
+                prop_assert!(MetadataRejection::KINDS.contains(&rejection.kind()));
                 prop_assert!(!rejection.to_string().is_empty());
                 prop_assert_eq!(state.brokers(), before.brokers());
                 prop_assert_eq!(state.topics(), before.topics());

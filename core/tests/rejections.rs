@@ -532,3 +532,23 @@ fn draining_moves_every_replica_off_all_or_nothing() {
     state.apply(TimestampMs(7), &register(1)).unwrap();
     assert!(state.brokers()[&BrokerId(1)].draining);
 }
+
+#[test]
+fn rejection_kinds_are_listed_once_each() {
+    use keel_core::partition::PartitionRejection;
+    for kinds in [&MetadataRejection::KINDS[..], &PartitionRejection::KINDS[..]] {
+        let distinct: std::collections::BTreeSet<&str> = kinds.iter().copied().collect();
+        assert_eq!(distinct.len(), kinds.len(), "{kinds:?}");
+    }
+    let examples = [
+        PartitionRejection::EmptyBatch,
+        PartitionRejection::OffsetOverflow,
+        PartitionRejection::TooManyGroups { max: 1 },
+        PartitionRejection::TooManyBatches { count: 2, max: 1 },
+    ];
+    for rejection in examples {
+        assert!(PartitionRejection::KINDS.contains(&rejection.kind()), "{rejection:?}");
+    }
+    let listed = MetadataRejection::ProducerIdsExhausted;
+    assert_eq!(listed.kind(), "ProducerIdsExhausted");
+}

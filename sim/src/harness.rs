@@ -140,6 +140,9 @@ pub struct RunReport {
     pub faults: BTreeMap<String, u64>,
     /// Raft snapshots built and installed, over every broker and restart.
     pub snapshots: (u64, u64),
+    /// Rejections the state machines recorded, by kind (`metadata:Kind`
+    /// or `partition:Kind`), over every replica's apply.
+    pub rejections: BTreeMap<String, u64>,
 }
 
 /// The scenario a run of `seed` with `options` uses.
@@ -225,11 +228,17 @@ fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
         let mut runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
         // A backstop: the driver bounds every phase itself.
         runtime.set_time_limit(Duration::from_millis(run_scenario.safety_ms + run_scenario.liveness_ms + 120_000));
-        runtime.block_on(simulate(run_scenario, run_recorder, lying))
+        keel_core::planted::take_rejections();
+        let ms = runtime.block_on(simulate(run_scenario, run_recorder, lying));
+        (ms, keel_core::planted::take_rejections())
     })
     .join();
+    let mut rejections = BTreeMap::new();
     let simulated_ms = match outcome {
-        Ok(ms) => ms,
+        Ok((ms, counted)) => {
+            rejections = counted.into_iter().map(|((machine, kind), n)| (format!("{machine}:{kind}"), n)).collect();
+            ms
+        }
         Err(panic) => {
             let reason = panic
                 .downcast_ref::<String>()
@@ -257,7 +266,16 @@ fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
         }
     }
     let snapshots = snapshot_samples.values().fold((0, 0), |(b, i), (built, installed)| (b + built, i + installed));
-    RunReport { trace_hash: trace_hash(&events), scenario, events, verdict, simulated_ms, faults, snapshots }
+    RunReport {
+        trace_hash: trace_hash(&events),
+        scenario,
+        events,
+        verdict,
+        simulated_ms,
+        faults,
+        snapshots,
+        rejections,
+    }
 }
 
 fn broker_address(id: u64) -> SocketAddr {

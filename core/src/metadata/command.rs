@@ -165,6 +165,68 @@ pub enum MetadataRejection {
     ProducerIdsExhausted,
 }
 
+impl MetadataRejection {
+    /// Every kind of rejection, by name (the simulation counts which occur).
+    pub const KINDS: [&'static str; 25] = [
+        "InvalidName",
+        "InvalidBrokerAddress",
+        "TooManyBrokers",
+        "UnknownBroker",
+        "BrokerHoldsReplicas",
+        "StaleMoveReport",
+        "PartitionNotStarted",
+        "NowhereToDrain",
+        "TopicExists",
+        "UnknownTopic",
+        "InvalidPartitionCount",
+        "ReplicationFactorTooHigh",
+        "Placement",
+        "TooManyTopics",
+        "UnknownPartition",
+        "InvalidReplicas",
+        "UnknownGroup",
+        "UnknownMember",
+        "EmptySubscription",
+        "TooManySubscriptions",
+        "SessionTimeoutOutOfRange",
+        "TooManyGroups",
+        "TooManyMembers",
+        "AssignorMismatch",
+        "ProducerIdsExhausted",
+    ];
+
+    /// This rejection's kind: its variant's name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::InvalidName(_) => "InvalidName",
+            Self::InvalidBrokerAddress { .. } => "InvalidBrokerAddress",
+            Self::TooManyBrokers { .. } => "TooManyBrokers",
+            Self::UnknownBroker { .. } => "UnknownBroker",
+            Self::BrokerHoldsReplicas { .. } => "BrokerHoldsReplicas",
+            Self::StaleMoveReport { .. } => "StaleMoveReport",
+            Self::PartitionNotStarted { .. } => "PartitionNotStarted",
+            Self::NowhereToDrain { .. } => "NowhereToDrain",
+            Self::TopicExists { .. } => "TopicExists",
+            Self::UnknownTopic { .. } => "UnknownTopic",
+            Self::InvalidPartitionCount { .. } => "InvalidPartitionCount",
+            Self::ReplicationFactorTooHigh { .. } => "ReplicationFactorTooHigh",
+            Self::Placement(_) => "Placement",
+            Self::TooManyTopics { .. } => "TooManyTopics",
+            Self::UnknownPartition { .. } => "UnknownPartition",
+            Self::InvalidReplicas { .. } => "InvalidReplicas",
+            Self::UnknownGroup { .. } => "UnknownGroup",
+            Self::UnknownMember { .. } => "UnknownMember",
+            Self::EmptySubscription => "EmptySubscription",
+            Self::TooManySubscriptions { .. } => "TooManySubscriptions",
+            Self::SessionTimeoutOutOfRange { .. } => "SessionTimeoutOutOfRange",
+            Self::TooManyGroups { .. } => "TooManyGroups",
+            Self::TooManyMembers { .. } => "TooManyMembers",
+            Self::AssignorMismatch { .. } => "AssignorMismatch",
+            Self::ProducerIdsExhausted => "ProducerIdsExhausted",
+        }
+    }
+}
+
 /// The recorded result of applying one metadata command.
 pub type MetadataResult = Result<MetadataOutcome, MetadataRejection>;
 

@@ -110,9 +110,13 @@ impl MetadataState {
     /// panics; a rejected command changes nothing but the rejection count.
     pub fn apply(&mut self, at: TimestampMs, command: &MetadataCommand) -> MetadataResult {
         let result = self.apply_inner(at, command);
-        match result {
+        match &result {
             Ok(_) => self.applied_commands += 1,
-            Err(_) => self.rejected_commands += 1,
+            Err(_rejection) => {
+                self.rejected_commands += 1;
+                #[cfg(madsim)]
+                crate::planted::note_rejection("metadata", _rejection.kind());
+            }
         }
         result
     }

@@ -128,6 +128,52 @@ pub enum PartitionRejection {
     TooManyGroups { max: u32 },
 }
 
+impl PartitionRejection {
+    /// Every kind of rejection, by name (the simulation counts which occur).
+    pub const KINDS: [&'static str; 17] = [
+        "InvalidName",
+        "EmptyBatch",
+        "TooManyRecords",
+        "BatchTooLarge",
+        "TooManyBatches",
+        "InvalidRecord",
+        "SequenceGap",
+        "SequenceTooOld",
+        "UnknownProducer",
+        "OffsetOverflow",
+        "Fenced",
+        "NotClaimed",
+        "EpochFenced",
+        "CommitBeyondHighWatermark",
+        "CommitBackwards",
+        "PositionOutOfRange",
+        "TooManyGroups",
+    ];
+
+    /// This rejection's kind: its variant's name.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::InvalidName(_) => "InvalidName",
+            Self::EmptyBatch => "EmptyBatch",
+            Self::TooManyRecords { .. } => "TooManyRecords",
+            Self::BatchTooLarge { .. } => "BatchTooLarge",
+            Self::TooManyBatches { .. } => "TooManyBatches",
+            Self::InvalidRecord { .. } => "InvalidRecord",
+            Self::SequenceGap { .. } => "SequenceGap",
+            Self::SequenceTooOld { .. } => "SequenceTooOld",
+            Self::UnknownProducer { .. } => "UnknownProducer",
+            Self::OffsetOverflow => "OffsetOverflow",
+            Self::Fenced { .. } => "Fenced",
+            Self::NotClaimed { .. } => "NotClaimed",
+            Self::EpochFenced { .. } => "EpochFenced",
+            Self::CommitBeyondHighWatermark { .. } => "CommitBeyondHighWatermark",
+            Self::CommitBackwards { .. } => "CommitBackwards",
+            Self::PositionOutOfRange { .. } => "PositionOutOfRange",
+            Self::TooManyGroups { .. } => "TooManyGroups",
+        }
+    }
+}
+
 /// The recorded result of applying one partition command.
 pub type PartitionResult = Result<PartitionOutcome, PartitionRejection>;
 

@@ -129,11 +129,20 @@ impl PartitionState {
             PartitionCommand::ResetPosition { group, position } => self.reset_position(group, *position),
             PartitionCommand::ApplyRetention { policy } => Ok(self.apply_retention(log, at, *policy)?),
         };
+        self.count(&result);
+        Ok(result)
+    }
+
+    /// Count a command's outcome (and, in simulation, its rejection kind).
+    fn count(&mut self, result: &PartitionResult) {
         match result {
             Ok(_) => self.applied_commands += 1,
-            Err(_) => self.rejected_commands += 1,
+            Err(_rejection) => {
+                self.rejected_commands += 1;
+                #[cfg(madsim)]
+                crate::planted::note_rejection("partition", _rejection.kind());
+            }
         }
-        Ok(result)
     }
 
     fn append_batches<L: RecordLog>(
@@ -143,21 +152,20 @@ impl PartitionState {
         batches: &[AppendBatch],
     ) -> Result<PartitionResult, L::Error> {
         if batches.is_empty() {
-            self.rejected_commands += 1;
-            return Ok(Err(PartitionRejection::EmptyBatch));
+            let rejected = Err(PartitionRejection::EmptyBatch);
+            self.count(&rejected);
+            return Ok(rejected);
         }
         if batches.len() > APPEND_BATCHES_MAX {
-            self.rejected_commands += 1;
             let (count, max) = (batches.len() as u64, APPEND_BATCHES_MAX as u64);
-            return Ok(Err(PartitionRejection::TooManyBatches { count, max }));
+            let rejected = Err(PartitionRejection::TooManyBatches { count, max });
+            self.count(&rejected);
+            return Ok(rejected);
         }
         let mut results = Vec::with_capacity(batches.len());
         for batch in batches {
             let result = self.append(log, at, batch.producer, &batch.records)?;
-            match result {
-                Ok(_) => self.applied_commands += 1,
-                Err(_) => self.rejected_commands += 1,
-            }
+            self.count(&result);
             results.push(result);
         }
         Ok(Ok(PartitionOutcome::AppendedBatches { results }))

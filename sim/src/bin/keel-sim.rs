@@ -175,6 +175,8 @@ mod cli {
         snapshots_built: u64,
         #[serde(default)]
         snapshots_installed: u64,
+        #[serde(default)]
+        rejections: BTreeMap<String, u64>,
         violations: Vec<String>,
     }
 
@@ -191,6 +193,7 @@ mod cli {
                 faults: BTreeMap::new(),
                 snapshots_built: 0,
                 snapshots_installed: 0,
+                rejections: BTreeMap::new(),
                 violations: vec![violation],
             }
         }
@@ -227,6 +230,7 @@ mod cli {
             faults: report.faults.clone(),
             snapshots_built: report.snapshots.0,
             snapshots_installed: report.snapshots.1,
+            rejections: report.rejections.clone(),
             violations: report.verdict.violations.iter().map(|v| format!("{}: {}", v.guarantee, v.message)).collect(),
         }
     }
@@ -548,6 +552,7 @@ mod cli {
                 done.len() as f64 / wall * 60.0
             ),
             format!("faults injected: {faults:?}"),
+            rejection_coverage(done),
             format!(
                 "snapshots: {} built, {} installed ({} of {} seeds installed one)",
                 done.iter().map(|s| s.snapshots_built).sum::<u64>(),
@@ -556,6 +561,23 @@ mod cli {
                 done.len()
             ),
         ]
+    }
+
+    /// Which rejection kinds of the state machines the seeds reached.
+    fn rejection_coverage(done: &[Summary]) -> String {
+        let mut seen: BTreeMap<&str, u64> = BTreeMap::new();
+        for summary in done {
+            for (kind, count) in &summary.rejections {
+                *seen.entry(kind.as_str()).or_default() += count;
+            }
+        }
+        let all: Vec<String> = keel_core::metadata::MetadataRejection::KINDS
+            .iter()
+            .map(|k| format!("metadata:{k}"))
+            .chain(keel_core::partition::PartitionRejection::KINDS.iter().map(|k| format!("partition:{k}")))
+            .collect();
+        let never: Vec<&str> = all.iter().map(String::as_str).filter(|k| !seen.contains_key(k)).collect();
+        format!("rejection kinds reached: {} of {} {seen:?}; never: {never:?}", all.len() - never.len(), all.len())
     }
 
     fn sweep(args: SweepArgs) -> Result<bool, String> {
