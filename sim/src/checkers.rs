@@ -23,6 +23,9 @@ pub enum Guarantee {
     L1,
     /// Not a broker guarantee: the same seed must run the same way twice.
     Replay,
+    /// Bad input gets a clear error and changes nothing: a forged or
+    /// malformed request must be refused.
+    Refusal,
 }
 
 impl fmt::Display for Guarantee {
@@ -38,6 +41,7 @@ impl fmt::Display for Guarantee {
             Guarantee::G8 => "G8 idempotence",
             Guarantee::L1 => "L1 liveness",
             Guarantee::Replay => "replay determinism",
+            Guarantee::Refusal => "refusal of hostile requests",
         };
         f.write_str(name)
     }
@@ -466,6 +470,9 @@ fn node_failures(events: &[Event], findings: &mut Findings) {
             }
             EventKind::DiskLost { broker, reason } => findings
                 .add(Guarantee::G1, format!("broker {broker}'s disk did not reopen after a power cut: {reason}")),
+            EventKind::Hostile { attack, accepted: Some(answer) } => {
+                findings.add(Guarantee::Refusal, format!("a hostile request was accepted: {attack}; answer {answer}"))
+            }
             EventKind::PowerCut { broker, lost, .. } => {
                 for lost in lost {
                     findings.add(Guarantee::G1, format!("broker {broker} lost an entry it reported persisted: {lost}"));

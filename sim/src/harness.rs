@@ -562,6 +562,12 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
             madsim::task::spawn(async move { lane(w, over).await })
         })
         .collect();
+    if scenario.hostile_clients {
+        let hostile = handle.create_node().name("hostile").ip(IpAddr::from([10, 0, 3, 3])).build();
+        world.producer_hosts.push(hostile.id());
+        let (w, over) = (world.clone(), safety_over.clone());
+        lanes.push(hostile.spawn(async move { lane_hostile(w, over).await }));
+    }
     if scenario.membership || scenario.topic_lifecycle {
         // The operator is a client host like any other (network faults reach it).
         let operator = handle.create_node().name("operator").ip(IpAddr::from([10, 0, 3, 2])).build();
@@ -1248,6 +1254,138 @@ fn lane_membership(
             }
         }
     })
+}
+
+/// A client that lies: every so often one request that must be refused
+/// (a forged ack or poll, or a malformed produce). Forged acks are
+/// recorded as hostile acks, so G4 also checks that none moved a position.
+fn lane_hostile(
+    world: World,
+    over: Arc<AtomicBool>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        use keel_client::Route;
+        let mut rng = madsim::rand::thread_rng();
+        // Short deadlines: a refusal comes at once, and the lane goes on.
+        let policy = RetryPolicy {
+            deadline: Duration::from_secs(2),
+            backoff_initial: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(200),
+            request_timeout: Duration::from_secs(1),
+        };
+        let brokers = (1..=world.scenario.brokers).map(|id| broker_address(id).to_string()).collect();
+        let client = Client::new(brokers, policy).expect("broker addresses");
+        let process = "hostile";
+        while !over.load(Ordering::SeqCst) {
+            madsim::time::sleep(Duration::from_millis(rng.gen_range(300..1_500))).await;
+            let topic = world.scenario.topics[rng.gen_range(0..world.scenario.topics.len())].clone();
+            let partition = rng.gen_range(0..topic.partitions);
+            let Ok(group) = client.describe_group("g").await else { continue };
+            let real = group.members.first().map(|m| m.member.clone());
+            // Who the forgery claims to be: a stranger, or a real member
+            // without its epoch.
+            let (member, member_epoch) = match (&real, rng.gen_bool(0.5)) {
+                (Some(real), true) => (real.clone(), u64::MAX / 2),
+                _ => (format!("intruder-{}", rng.gen_range(0..3)), 1),
+            };
+            let generation = group.generation + u64::from(rng.gen_bool(0.3));
+            let route = Route::Partition(topic.name.clone(), partition);
+            match rng.gen_range(0..4) {
+                0 => {
+                    let position = client.group_position("g", &topic.name, partition).await.ok();
+                    let offset = position.map_or(0, |p| p.high_watermark.saturating_sub(1));
+                    let op = world.recorder.op();
+                    world.record(
+                        process,
+                        EventKind::AckInvoke {
+                            op,
+                            member: member.clone(),
+                            generation,
+                            topic: topic_key(&topic.name, topic_id_now(&world, &topic.name)),
+                            partition,
+                            offset,
+                            hostile: true,
+                        },
+                    );
+                    let request = pb::AckRequest {
+                        group: "g".into(),
+                        member: member.clone(),
+                        generation,
+                        topic: topic.name.clone(),
+                        partition,
+                        offset,
+                        member_epoch,
+                        topic_id: None,
+                    };
+                    let answer = client
+                        .call(route, |mut c| {
+                            let r = request.clone();
+                            async move { c.ack(r).await }
+                        })
+                        .await;
+                    match answer {
+                        Ok(reply) => world.record(process, EventKind::AckOk { op, position: reply.position }),
+                        Err(error) => world.record(process, EventKind::AckFail { op, error: error.to_string() }),
+                    }
+                }
+                1 => {
+                    let request = pb::PollRequest {
+                        group: "g".into(),
+                        member: member.clone(),
+                        generation,
+                        topic: topic.name.clone(),
+                        partition,
+                        max_records: 10,
+                        max_bytes: 1 << 20,
+                        max_wait_ms: 0,
+                        offset: None,
+                        member_epoch,
+                        ..Default::default()
+                    };
+                    let answer = client
+                        .call(route, |mut c| {
+                            let r = request.clone();
+                            async move { c.poll(r).await }
+                        })
+                        .await;
+                    let attack = format!(
+                        "poll of {}/{partition} as {member} (epoch {member_epoch}, generation {generation})",
+                        topic.name
+                    );
+                    let accepted = answer.ok().map(|reply| format!("{} records", reply.records.len()));
+                    world.record(process, EventKind::Hostile { attack, accepted });
+                }
+                kind => {
+                    let (attack, records) = if kind == 2 {
+                        ("produce of an empty batch".to_string(), Vec::new())
+                    } else {
+                        let limit = keel_core::Limits::default().record_value_bytes_max as usize;
+                        let huge = pb::Record { value: vec![b'x'; limit + 1], ..Default::default() };
+                        ("produce of a record over the size limit".to_string(), vec![huge])
+                    };
+                    let request =
+                        pb::ProduceRequest { topic: topic.name.clone(), partition, records, ..Default::default() };
+                    let answer = client.produce(request).await;
+                    let accepted = answer.ok().map(|reply| format!("appended at {}", reply.base_offset));
+                    world.record(
+                        process,
+                        EventKind::Hostile { attack: format!("{attack} to {}/{partition}", topic.name), accepted },
+                    );
+                }
+            }
+        }
+    })
+}
+
+/// The id of `topic`'s current incarnation, as the most advanced live
+/// metadata replica knows it (0 if none does).
+fn topic_id_now(world: &World, topic: &str) -> u64 {
+    let name = TopicName::new(topic).expect("a topic name");
+    let nodes = world.live_nodes();
+    let newest = nodes
+        .iter()
+        .max_by_key(|n| n.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().last_applied.map(|l| l.index)));
+    newest.and_then(|n| n.metadata().topic(&name).map(|t| t.id)).unwrap_or(0)
 }
 
 /// Most topic deletions (each followed by a re-creation) in one run.

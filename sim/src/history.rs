@@ -159,6 +159,12 @@ pub enum EventKind {
         detail: String,
         outcome: String,
     },
+    /// A request of the hostile client that must be refused, and whether it
+    /// was (`accepted` with what it got back otherwise).
+    Hostile {
+        attack: String,
+        accepted: Option<String>,
+    },
     /// A partition's replicas in the final metadata.
     Placement {
         topic: String,

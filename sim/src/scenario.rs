@@ -193,6 +193,11 @@ pub struct Scenario {
     /// same name (also while brokers are down), once a run.
     #[serde(default)]
     pub topic_lifecycle: bool,
+    /// A hostile client forges acks and polls (as a non-member, with a
+    /// member's id but not its epoch, with a future generation) and sends
+    /// malformed produces; each must be refused and change nothing.
+    #[serde(default)]
+    pub hostile_clients: bool,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -245,6 +250,7 @@ impl Scenario {
             max_faults: None,
             membership: false,
             topic_lifecycle: false,
+            hostile_clients: false,
         }
         .with_later_lanes(&mut rng, all_faults)
     }
@@ -264,6 +270,7 @@ impl Scenario {
         self.faults.sort();
         self.membership = all_faults || rng.gen_bool(0.5);
         self.topic_lifecycle = all_faults || rng.gen_bool(0.5);
+        self.hostile_clients = all_faults || rng.gen_bool(0.5);
         self
     }
 
@@ -290,7 +297,7 @@ impl Scenario {
             "seed {seed}: {brokers} brokers; topics {topics}; {producers} producers x {batches} batches of 1-{records} \
              records every {interval} ms{batching}; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
              hostile ack every {hostile}); \
-             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots};{membership} \
+             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots};{membership}{hostile_client} \
              safety {safety} ms, liveness bound {liveness} ms",
             seed = self.seed,
             brokers = self.brokers,
@@ -314,6 +321,7 @@ impl Scenario {
                 (false, true) => " topics are deleted and re-created;",
                 (false, false) => "",
             },
+            hostile_client = if self.hostile_clients { " a hostile client forges acks, polls and produces;" } else { "" },
             max_faults = self.max_faults.map_or_else(String::new, |n| format!(", at most {n}")),
             snapshots = match self.snapshot_every {
                 Some(n) => format!("every {n} entries"),

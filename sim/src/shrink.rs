@@ -93,6 +93,7 @@ fn reductions(scenario: &Scenario, faults_seen: u64) -> Vec<(String, Scenario)> 
     try_one("default snapshots".into(), &|s| s.snapshot_every = None);
     try_one("no membership changes".into(), &|s| s.membership = false);
     try_one("no topic deletions".into(), &|s| s.topic_lifecycle = false);
+    try_one("no hostile client".into(), &|s| s.hostile_clients = false);
     try_one("no hostile acks".into(), &|s| s.hostile_ack_every = u32::MAX);
     out
 }

@@ -54,6 +54,7 @@ fn lane_key(lane: &str) -> (u8, u64, String) {
         "consumer" => 2,
         "faults" => 3,
         "operator" => 4,
+        "hostile" => 4,
         _ => 5,
     };
     let number = lane.rsplit('-').next().and_then(|n| n.parse().ok()).unwrap_or(0);
@@ -213,6 +214,16 @@ pub fn html(title: &str, events: &[Event], violations: &[Violation]) -> String {
                 let class =
                     if outcome.starts_with("ok") || outcome.starts_with("started") { "member" } else { "failure" };
                 marks.push(("operator".into(), at, class, format!("{op} {detail}: {outcome}")));
+            }
+            EventKind::Hostile { attack, accepted } => {
+                lane("hostile", &mut lanes);
+                let class = if accepted.is_some() { "failure" } else { "clock" };
+                marks.push((
+                    "hostile".into(),
+                    at,
+                    class,
+                    format!("{attack}: {}", accepted.as_deref().unwrap_or("refused")),
+                ));
             }
             EventKind::ReplicaLog { broker, .. } | EventKind::Snapshots { broker, .. } => {
                 lane(&format!("broker-{broker}"), &mut lanes);

@@ -151,6 +151,18 @@ fn l1_catches_partitions_that_refuse_writes_after_a_failover() {
 }
 
 #[test]
+fn forged_acks_of_the_hostile_client_are_caught_once_the_fence_is_gone() {
+    // With the fence, every forged ack and poll is refused (the sweeps);
+    // without it, the hostile client's acks move positions (G4).
+    let report = run_seed(0, RunOptions { all_faults: true, plant: Some(Plant::Bug(Bug::CommitWithoutFence)) });
+    assert!(
+        report.verdict.violations.iter().any(|v| v.guarantee == Guarantee::G4 && v.message.contains("hostile ack")),
+        "{:?}",
+        report.verdict.violations
+    );
+}
+
+#[test]
 fn the_replay_check_catches_a_harness_that_keeps_state_across_runs() {
     let scenario = scenario_for(0, RunOptions::default());
     let planted = run_scenario(scenario.clone(), Some(Plant::StateAcrossRuns), true);
