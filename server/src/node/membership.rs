@@ -568,8 +568,16 @@ async fn change_voters(group: &GroupId, raft: &Raft, target: BTreeMap<NodeId, St
     Ok(())
 }
 
-/// Whether a running group that is no longer placed here may stop: its
-/// topic is gone, or its own membership no longer names this broker.
+/// Whether a running group that is no longer placed here may stop (and
+/// its data go): its topic is gone, or its own membership no longer names
+/// this broker and that membership is committed (applied here). A
+/// membership only appended here may still be replaced by one that names
+/// this broker again (moves back to back): deleting the replica then would
+/// hand its leader a follower whose log went backwards.
 pub(super) fn may_stop(metadata: &MetadataState, group: &GroupId, raft: &Raft, me: NodeId) -> bool {
-    Node::placement_of(metadata, group).is_none() || !names(raft, me)
+    if Node::placement_of(metadata, group).is_none() {
+        return true;
+    }
+    let (_, committed) = nodes(raft);
+    committed && !names(raft, me)
 }
