@@ -63,6 +63,13 @@ pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 /// more waits for one to finish.
 pub const STREAMS_PER_CONNECTION_MAX: u32 = 4096;
 
+/// Longest the metadata leader's duties wait for one of their proposals
+/// (expiring members, registering itself). Found by the simulation: a
+/// proposal made just before a partitioned leader lost the lead was never
+/// answered, and the duty loop, stuck on it, expired no member again even
+/// after the broker led once more.
+pub const DUTY_PROPOSAL_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A gRPC server with keel's connection settings.
 fn server_builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
@@ -785,8 +792,18 @@ impl Node {
             expired
         };
         for command in expired {
-            if let Err(error) = self.propose(&GroupId::Metadata, Command::Metadata(command)).await {
-                tracing::debug!(%error, "could not expire members yet");
+            // Bounded: a proposal made just before this broker lost the
+            // lead may never be answered, and the duties must go on (they
+            // are retried next round).
+            match tokio::time::timeout(
+                DUTY_PROPOSAL_TIMEOUT,
+                self.propose(&GroupId::Metadata, Command::Metadata(command)),
+            )
+            .await
+            {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => tracing::debug!(%error, "could not expire members yet"),
+                Err(_) => tracing::debug!("expiring members got no answer in time; retrying"),
             }
         }
     }

@@ -1381,11 +1381,14 @@ fn lane_hostile(
 /// metadata replica knows it (0 if none does).
 fn topic_id_now(world: &World, topic: &str) -> u64 {
     let name = TopicName::new(topic).expect("a topic name");
-    let nodes = world.live_nodes();
-    let newest = nodes
-        .iter()
-        .max_by_key(|n| n.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().last_applied.map(|l| l.index)));
-    newest.and_then(|n| n.metadata().topic(&name).map(|t| t.id)).unwrap_or(0)
+    newest_metadata(world).and_then(|m| m.topic(&name).map(|t| t.id)).unwrap_or(0)
+}
+
+/// The metadata of the live replica that applied the most of it.
+fn newest_metadata(world: &World) -> Option<Arc<keel_core::metadata::MetadataState>> {
+    let applied =
+        |n: &Node| n.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().last_applied.map(|l| l.index));
+    world.live_nodes().iter().max_by_key(|n| applied(n)).map(Node::metadata)
 }
 
 /// Most topic deletions (each followed by a re-creation) in one run.
@@ -1635,11 +1638,7 @@ fn heal_everything(world: &World) {
 /// The topics' current incarnations (`name@id`), as the most advanced
 /// live replica of the metadata knows them.
 fn current_topics(world: &World) -> BTreeSet<String> {
-    let nodes = world.live_nodes();
-    let newest = nodes
-        .iter()
-        .max_by_key(|n| n.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().last_applied.map(|l| l.index)));
-    let Some(metadata) = newest.map(|n| n.metadata()) else { return BTreeSet::new() };
+    let Some(metadata) = newest_metadata(world) else { return BTreeSet::new() };
     metadata.topics().iter().map(|(name, info)| topic_key(name.as_str(), info.id)).collect()
 }
 
@@ -1792,32 +1791,10 @@ async fn final_reads(world: &World) {
     }
     // The placement the metadata leader knows (or the most advanced replica).
     let nodes = world.live_nodes();
-    if std::env::var_os("KEEL_SIM_DEBUG").is_some() {
-        for n in &nodes {
-            let raft = n.raft(&GroupId::Metadata).unwrap();
-            let m = raft.metrics().borrow().clone();
-            eprintln!(
-                "DEBUG broker {} leader {:?} term {} last_log {:?} applied {:?} membership {:?} removed {}",
-                n.id(),
-                m.current_leader,
-                m.current_term,
-                m.last_log_index,
-                m.last_applied,
-                m.membership_config.membership().get_joint_config(),
-                n.removed_from_cluster()
-            );
-        }
-    }
     let leader = nodes
         .iter()
         .find(|n| n.raft(&GroupId::Metadata).is_some_and(|r| r.metrics().borrow().current_leader == Some(n.id())));
-    let metadata = leader
-        .or_else(|| {
-            nodes.iter().max_by_key(|n| {
-                n.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().last_applied.map(|l| l.index))
-            })
-        })
-        .map(|n| n.metadata());
+    let metadata = leader.map(|n| n.metadata()).or_else(|| newest_metadata(world));
     if let Some(metadata) = metadata {
         for topic in &world.scenario.topics {
             let name = TopicName::new(topic.name.as_str()).expect("name");

@@ -376,8 +376,11 @@ impl Node {
         }
         if leading {
             let command = MetadataCommand::RegisterBroker { broker: BrokerId(me), address, internal_address };
-            if let Err(error) = self.propose(&GroupId::Metadata, Command::Metadata(command)).await {
-                tracing::debug!(%error, "could not register this broker yet");
+            let proposed = self.propose(&GroupId::Metadata, Command::Metadata(command));
+            match tokio::time::timeout(super::DUTY_PROPOSAL_TIMEOUT, proposed).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => tracing::debug!(%error, "could not register this broker yet"),
+                Err(_) => tracing::debug!("registering this broker got no answer in time; retrying"),
             }
             return;
         }
