@@ -1229,6 +1229,11 @@ fn lane_membership(
                 loop {
                     let removed = match client.remove_broker(target).await {
                         Ok(()) => Ok("ok; shut down for good".to_string()),
+                        // Unknown to the metadata leader: an earlier
+                        // attempt removed it and its answer was lost.
+                        Err(keel_client::ClientError::Refused(status)) if status.code() == tonic::Code::NotFound => {
+                            Ok(format!("ok (already removed: {}); shut down for good", status.message()))
+                        }
                         // The answer to an earlier attempt may have been lost:
                         // the cluster says whether the broker is still in it.
                         Err(error) => match client.describe_cluster().await {

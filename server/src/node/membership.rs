@@ -207,21 +207,23 @@ impl Node {
 
     /// Whether this broker is on its way out of, or out of, the cluster: the
     /// newest metadata membership it knows names it neither as a voter of
-    /// the target configuration nor as a learner, and it does not lead the
-    /// group. A removed broker never hears of the final configuration (it
-    /// is no longer sent entries), so the joint one, where it is only in the
-    /// outgoing half, is the sign; but while it still leads that joint
-    /// configuration it is the one broker that can finish it. A broker
+    /// the target configuration nor as a learner. A removed broker never
+    /// hears of the final configuration (it is no longer sent entries), so
+    /// the joint one, where it is only in the outgoing half, is the sign;
+    /// but while it still leads that joint configuration it is the one
+    /// broker that can finish it, so it is not out yet. (A leader that
+    /// removed itself appended the final configuration: out.) A broker
     /// whose membership is still empty (joining) is not out.
     pub fn removed_from_cluster(&self) -> bool {
         let Some(raft) = self.raft(&GroupId::Metadata) else { return false };
         let metrics = raft.metrics();
         let metrics = metrics.borrow();
         let me = self.id();
-        if metrics.current_leader == Some(me) {
+        let membership = metrics.membership_config.membership();
+        let joint = membership.get_joint_config().len() > 1;
+        if joint && metrics.current_leader == Some(me) {
             return false;
         }
-        let membership = metrics.membership_config.membership();
         let Some(target) = membership.get_joint_config().last() else { return false };
         if target.is_empty() {
             return false;
@@ -251,7 +253,7 @@ impl Node {
         let (node, raft) = (self.clone(), raft.clone());
         self.spawn(async move {
             if let Err(error) = raft.change_membership(ChangeMembers::ReplaceAllVoters(target), false).await {
-                tracing::info!(error = %write_error(&group, error), "could not finish a joint metadata membership yet");
+                tracing::debug!(error = %write_error(&group, error), "could not finish a joint metadata membership yet");
             }
             node.inner.membership_changes.lock().expect("membership changes").remove(&group);
         });
