@@ -140,35 +140,26 @@ pub fn html(title: &str, events: &[Event], violations: &[Violation]) -> String {
                     format!("{kind} op {op} by {member} (generation {generation}) {topic}/{partition} offset {offset}");
                 open_ops.insert(*op, (process.to_string(), at, "ack", title, Vec::new()));
             }
-            EventKind::ProduceOk { op, base_offset, count, duplicate, .. } => {
+            EventKind::ProduceOk { .. }
+            | EventKind::ProduceFail { .. }
+            | EventKind::AckOk { .. }
+            | EventKind::AckFenced { .. }
+            | EventKind::AckFail { .. } => {
+                // A completion closes its invocation's bar.
+                let (op, class, outcome) = match &event.kind {
+                    EventKind::ProduceOk { op, base_offset, count, duplicate, .. } => {
+                        let dup = if *duplicate { " (duplicate)" } else { "" };
+                        (op, "produce ok", format!("ok: {count} records at offset {base_offset}{dup}"))
+                    }
+                    EventKind::ProduceFail { op, error } => (op, "produce fail", format!("failed: {error}")),
+                    EventKind::AckOk { op, position } => (op, "ack ok", format!("ok: position {position}")),
+                    EventKind::AckFenced { op } => (op, "ack fenced", "fenced".to_string()),
+                    EventKind::AckFail { op, error } => (op, "ack fail", format!("failed: {error}")),
+                    _ => unreachable!("a completion"),
+                };
                 if let Some((lane, from, _, title, values)) = open_ops.remove(op) {
-                    let dup = if *duplicate { " (duplicate)" } else { "" };
-                    let title = format!("{title}\nok: {count} records at offset {base_offset}{dup}");
-                    bars.push(Bar { lane, from_ms: from, to_ms: at, class: "produce ok", title, values });
-                }
-            }
-            EventKind::ProduceFail { op, error } => {
-                if let Some((lane, from, _, title, values)) = open_ops.remove(op) {
-                    let title = format!("{title}\nfailed: {error}");
-                    bars.push(Bar { lane, from_ms: from, to_ms: at, class: "produce fail", title, values });
-                }
-            }
-            EventKind::AckOk { op, position } => {
-                if let Some((lane, from, _, title, values)) = open_ops.remove(op) {
-                    let title = format!("{title}\nok: position {position}");
-                    bars.push(Bar { lane, from_ms: from, to_ms: at, class: "ack ok", title, values });
-                }
-            }
-            EventKind::AckFenced { op } => {
-                if let Some((lane, from, _, title, values)) = open_ops.remove(op) {
-                    let title = format!("{title}\nfenced");
-                    bars.push(Bar { lane, from_ms: from, to_ms: at, class: "ack fenced", title, values });
-                }
-            }
-            EventKind::AckFail { op, error } => {
-                if let Some((lane, from, _, title, values)) = open_ops.remove(op) {
-                    let title = format!("{title}\nfailed: {error}");
-                    bars.push(Bar { lane, from_ms: from, to_ms: at, class: "ack fail", title, values });
+                    let title = format!("{title}\n{outcome}");
+                    bars.push(Bar { lane, from_ms: from, to_ms: at, class, title, values });
                 }
             }
             EventKind::PollOk { member, generation, topic, partition, invoked_at_ms, records } => {
