@@ -182,6 +182,11 @@ async fn a_lagging_broker_catches_up_by_snapshot() {
     let snapshot = cluster.node(3).unwrap().raft(&group).unwrap().metrics().borrow().snapshot;
     assert!(snapshot.is_some_and(|s| s.index >= 40), "broker 3 installed a snapshot: {snapshot:?}");
     assert_eq!(values(&cluster, 3, &partition), (0..60).map(big).collect::<Vec<_>>());
+    // The brokers that purged their logs still serve every record: the
+    // entries holding them stay until retention passes them.
+    for id in [1, 2] {
+        assert_eq!(values(&cluster, id, &partition), (0..60).map(big).collect::<Vec<_>>(), "broker {id}");
+    }
     cluster.shutdown().await;
 }
 

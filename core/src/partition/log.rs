@@ -5,8 +5,18 @@ use std::convert::Infallible;
 
 use serde::{Deserialize, Serialize};
 
-use crate::id::Offset;
-use crate::record::StoredRecord;
+use crate::id::{Offset, TimestampMs};
+use crate::record::{Record, StoredRecord};
+
+/// Where a record sits inside the command that appended it: the batch (0
+/// for a plain `Append`) and its position in that batch. A store that keeps
+/// the Raft log as the partition log finds the record again from its entry
+/// with it, instead of storing a second copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordPlace {
+    pub batch: u32,
+    pub position: u32,
+}
 
 /// The record store behind a partition. The partition state machine decides
 /// what goes in and out; the store only keeps records by offset.
@@ -14,8 +24,15 @@ pub trait RecordLog {
     /// A storage failure. Fatal for the replica: stop, then recover from Raft.
     type Error: std::error::Error + 'static;
 
-    /// Store a record at its offset, which is always one past the last.
-    fn append(&mut self, record: StoredRecord) -> Result<(), Self::Error>;
+    /// Store `record` at `offset`, which is always one past the last, with
+    /// its append time; `place` says where it sits in the command applied.
+    fn append(
+        &mut self,
+        offset: Offset,
+        append_time_ms: TimestampMs,
+        record: &Record,
+        place: RecordPlace,
+    ) -> Result<(), Self::Error>;
 
     /// The record at `offset`, if stored.
     fn get(&self, offset: Offset) -> Result<Option<StoredRecord>, Self::Error>;
@@ -45,11 +62,17 @@ impl MemoryLog {
 impl RecordLog for MemoryLog {
     type Error = Infallible;
 
-    fn append(&mut self, record: StoredRecord) -> Result<(), Infallible> {
+    fn append(
+        &mut self,
+        offset: Offset,
+        append_time_ms: TimestampMs,
+        record: &Record,
+        _place: RecordPlace,
+    ) -> Result<(), Infallible> {
         if self.records.is_empty() {
-            self.start = record.offset;
+            self.start = offset;
         }
-        self.records.push_back(record);
+        self.records.push_back(StoredRecord { offset, append_time_ms, record: record.clone() });
         Ok(())
     }
 

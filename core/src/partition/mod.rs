@@ -18,6 +18,6 @@ pub use command::{
     AppendBatch, PartitionCommand, PartitionOutcome, PartitionRejection, PartitionResult, ProducerBatch, ReadError,
     APPEND_BATCHES_MAX,
 };
-pub use log::{MemoryLog, RecordLog};
+pub use log::{MemoryLog, RecordLog, RecordPlace};
 pub use producer::{ProducerState, RememberedBatch};
 pub use state::{Claim, GroupPosition, PartitionState};

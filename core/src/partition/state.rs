@@ -8,7 +8,7 @@ use super::command::{
     AppendBatch, PartitionCommand, PartitionOutcome, PartitionRejection, PartitionResult, ProducerBatch, ReadError,
     APPEND_BATCHES_MAX,
 };
-use super::log::RecordLog;
+use super::log::{RecordLog, RecordPlace};
 use super::producer::{ProducerState, RememberedBatch};
 use crate::id::{Generation, GroupName, MemberId, Offset, ProducerId, Sequence, TimestampMs};
 use crate::invariant::{ensure, InvariantViolation};
@@ -117,7 +117,7 @@ impl PartitionState {
         command: &PartitionCommand,
     ) -> Result<PartitionResult, L::Error> {
         let result = match command {
-            PartitionCommand::Append { producer, records } => self.append(log, at, *producer, records)?,
+            PartitionCommand::Append { producer, records } => self.append(log, at, 0, *producer, records)?,
             // Each batch is counted as a command of its own.
             PartitionCommand::AppendBatches { batches } => return self.append_batches(log, at, batches),
             PartitionCommand::Claim { group, member, generation, member_epoch } => {
@@ -163,8 +163,9 @@ impl PartitionState {
             return Ok(rejected);
         }
         let mut results = Vec::with_capacity(batches.len());
-        for batch in batches {
-            let result = self.append(log, at, batch.producer, &batch.records)?;
+        for (index, batch) in batches.iter().enumerate() {
+            // At most APPEND_BATCHES_MAX batches: the index fits.
+            let result = self.append(log, at, index as u32, batch.producer, &batch.records)?;
             self.count(&result);
             results.push(result);
         }
@@ -175,6 +176,7 @@ impl PartitionState {
         &mut self,
         log: &mut L,
         at: TimestampMs,
+        batch_index: u32,
         producer: Option<ProducerBatch>,
         records: &[Record],
     ) -> Result<PartitionResult, L::Error> {
@@ -206,7 +208,8 @@ impl PartitionState {
         let append_time = at.max(self.last_append_at);
         for (position, record) in records.iter().enumerate() {
             let offset = Offset(base_offset.0 + position as u64);
-            log.append(StoredRecord { offset, append_time_ms: append_time, record: record.clone() })?;
+            let place = RecordPlace { batch: batch_index, position: position as u32 };
+            log.append(offset, append_time, record, place)?;
             self.log_bytes += record.size_bytes();
         }
         self.high_watermark = Offset(end);

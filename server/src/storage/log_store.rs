@@ -19,7 +19,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::ledger::MarkChange;
-use super::store::{NodeStore, StoreError, LOG, RAFT_META};
+use super::records::delete_unused_log;
+use super::store::{NodeStore, StoreError, LOG, RAFT_META, RECORD_RUNS};
 use crate::raft::types::{LogId, StorageError, TypeConfig, Vote};
 
 /// Entries appended but not yet committed to the database, by index.
@@ -138,20 +139,31 @@ impl LogStore {
         })
     }
 
-    /// Delete the entries with index in `[start, end)`, and record `purged`
-    /// if given, in one transaction.
-    async fn delete(&self, start: u64, end: u64, purged: Option<LogId>) -> Result<(), StoreError> {
-        self.queued.lock().expect("queued entries").retain(|index, _| !(start..end).contains(index));
+    /// Delete the entries from index `start` on.
+    async fn delete_from(&self, start: u64) -> Result<(), StoreError> {
+        self.queued.lock().expect("queued entries").retain(|index, _| *index < start);
         let group = self.group.clone();
-        let purged = purged.map(|p| postcard::to_stdvec(&p)).transpose()?;
         self.store
             .write(false, move |txn| {
                 let group = group.as_str();
-                txn.open_table(LOG)?.retain_in((group, start)..(group, end), |_, _| false)?;
-                if let Some(purged) = purged {
-                    txn.open_table(RAFT_META)?.insert((group, "purged"), purged.as_slice())?;
-                }
+                txn.open_table(LOG)?.retain_in((group, start)..(group, u64::MAX), |_, _| false)?;
                 Ok(())
+            })
+            .await
+    }
+
+    /// Record the entries up to `purged` as purged, and delete those that
+    /// hold no retained record of a partition (the others stay, out of
+    /// openraft's sight, until retention passes them), in one transaction.
+    async fn purge_up_to(&self, purged: LogId) -> Result<(), StoreError> {
+        self.queued.lock().expect("queued entries").retain(|index, _| *index > purged.index);
+        let group = self.group.clone();
+        let bytes = postcard::to_stdvec(&purged)?;
+        self.store
+            .write(false, move |txn| {
+                let group = group.as_str();
+                txn.open_table(RAFT_META)?.insert((group, "purged"), bytes.as_slice())?;
+                delete_unused_log(txn, &txn.open_table(RECORD_RUNS)?, group)
             })
             .await
     }
@@ -172,7 +184,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id: Option<LogId> = self.read_meta("purged").map_err(log_error(ErrorVerb::Read))?;
-        let last_log_id = self.last_entry_id().map_err(log_error(ErrorVerb::Read))?.or(last_purged_log_id);
+        // Entries behind the purge point may still be stored (they hold
+        // retained records): the last entry is never one of those.
+        let last_log_id = self.last_entry_id().map_err(log_error(ErrorVerb::Read))?.max(last_purged_log_id);
         Ok(LogState { last_purged_log_id, last_log_id })
     }
 
@@ -257,11 +271,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // are no longer persisted on this node.
         self.store.mark(MarkChange::Truncated(self.group.clone(), log_id.index));
         // Index u64::MAX itself is never used by openraft.
-        self.delete(log_id.index, u64::MAX, None).await.map_err(log_error(ErrorVerb::Delete))
+        self.delete_from(log_id.index).await.map_err(log_error(ErrorVerb::Delete))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.delete(0, log_id.index.saturating_add(1), Some(log_id)).await.map_err(log_error(ErrorVerb::Delete))
+        self.purge_up_to(log_id).await.map_err(log_error(ErrorVerb::Delete))
     }
 }
 

@@ -1,63 +1,359 @@
 //! Partition records in the node's database, as keel-core's `RecordLog`.
+//!
+//! The Raft log is the partition log: a record is stored once, inside the
+//! log entry that appended it. The state machine keeps only an index of
+//! runs (`RECORD_RUNS`): each row says that offsets `[base, base + count)`
+//! are records `first..` of batch `batch` of the entry at `log_index`. A
+//! replica that installed a snapshot has no such entries; the records it
+//! received are copied into `RECORDS` and indexed by a `Copied` run.
+//!
+//! So the log may be purged (for openraft) only behind the first entry
+//! that still holds a retained record: `LogStore::purge` and retention
+//! (`remove_before`) each delete log rows only below both bounds.
 
-use keel_core::partition::RecordLog;
-use keel_core::record::StoredRecord;
-use keel_core::Offset;
+use std::cell::RefCell;
+
+use keel_core::partition::{PartitionCommand, RecordLog, RecordPlace};
+use keel_core::record::{Record, StoredRecord};
+use keel_core::{Offset, TimestampMs};
+use openraft::EntryPayload;
 use redb::{ReadOnlyTable, ReadableTable, Table};
+use serde::{Deserialize, Serialize};
 
-use super::store::StoreError;
+use super::store::{StoreError, LOG, RAFT_META, RECORDS, RECORD_RUNS};
+use crate::raft::types::{Command, LogId, TypeConfig};
 
-type RecordTable<'txn> = Table<'txn, (&'static str, u64), &'static [u8]>;
+type KeyedTable<'txn> = Table<'txn, (&'static str, u64), &'static [u8]>;
+type ReadOnlyKeyed = ReadOnlyTable<(&'static str, u64), &'static [u8]>;
 
-fn decode(bytes: &[u8]) -> Result<StoredRecord, StoreError> {
+/// Where a run of consecutive offsets is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Run {
+    /// Records `first..first + count` of batch `batch` of the log entry at
+    /// `log_index`, all appended at `append_time_ms`.
+    InLog { log_index: u64, batch: u32, first: u32, count: u64, append_time_ms: TimestampMs },
+    /// `count` records copied into `RECORDS` (received in a snapshot).
+    Copied { count: u64 },
+}
+
+impl Run {
+    fn count(&self) -> u64 {
+        match self {
+            Run::InLog { count, .. } | Run::Copied { count } => *count,
+        }
+    }
+
+    /// The same run without its first `skip` records.
+    fn skip(self, skip: u64) -> Run {
+        match self {
+            Run::InLog { log_index, batch, first, count, append_time_ms } => Run::InLog {
+                log_index,
+                batch,
+                // `skip < count` and `first + count` fits a batch: it fits.
+                first: first + skip as u32,
+                count: count - skip,
+                append_time_ms,
+            },
+            Run::Copied { count } => Run::Copied { count: count - skip },
+        }
+    }
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, StoreError> {
     Ok(postcard::from_bytes(bytes)?)
 }
 
-/// Records of one partition inside a write transaction (used by apply).
+/// The run holding `offset`, as `(base, run)`, if any.
+fn run_at(
+    runs: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+    group: &str,
+    offset: Offset,
+) -> Result<Option<(Offset, Run)>, StoreError> {
+    let Some(row) = runs.range((group, 0)..=(group, offset.0))?.next_back() else { return Ok(None) };
+    let (key, value) = row.map_err(redb::Error::from)?;
+    let base = Offset(key.value().1);
+    let run: Run = decode(value.value())?;
+    Ok((offset.0 - base.0 < run.count()).then_some((base, run)))
+}
+
+/// The log index of the first entry that still holds a record of `group`
+/// (`u64::MAX` if none does): the log must be kept from there on.
+pub(crate) fn first_log_index_in_use(
+    runs: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+    group: &str,
+) -> Result<u64, StoreError> {
+    // Copied runs (from a snapshot) come before every run in the log.
+    for row in runs.range((group, 0)..=(group, u64::MAX))? {
+        let (_, value) = row.map_err(redb::Error::from)?;
+        if let Run::InLog { log_index, .. } = decode(value.value())? {
+            return Ok(log_index);
+        }
+    }
+    Ok(u64::MAX)
+}
+
+/// The records of every batch of one log entry, decoded once and kept for
+/// the next record of the same entry.
+#[derive(Debug, Default)]
+struct EntryCache {
+    entry: Option<(u64, Vec<Vec<Record>>)>,
+}
+
+impl EntryCache {
+    fn record(
+        &mut self,
+        log: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+        group: &str,
+        log_index: u64,
+        batch: u32,
+        position: u32,
+    ) -> Result<Record, StoreError> {
+        if self.entry.as_ref().is_none_or(|(index, _)| *index != log_index) {
+            let Some(value) = log.get((group, log_index))? else {
+                return Err(StoreError::Inconsistent(format!(
+                    "{group}'s record index points at log entry {log_index}, which is not stored"
+                )));
+            };
+            let entry: openraft::Entry<TypeConfig> = decode(value.value())?;
+            let batches = match entry.payload {
+                EntryPayload::Normal(request) => match request.command {
+                    Command::Partition(PartitionCommand::Append { records, .. }) => vec![records],
+                    Command::Partition(PartitionCommand::AppendBatches { batches }) => {
+                        batches.into_iter().map(|b| b.records).collect()
+                    }
+                    _ => Vec::new(),
+                },
+                _ => Vec::new(),
+            };
+            self.entry = Some((log_index, batches));
+        }
+        let batches = &self.entry.as_ref().expect("just filled").1;
+        batches.get(batch as usize).and_then(|records| records.get(position as usize)).cloned().ok_or_else(|| {
+            StoreError::Inconsistent(format!(
+                "{group}'s log entry {log_index} has no record {position} in batch {batch}"
+            ))
+        })
+    }
+}
+
+/// The record at `offset`, found through the run index.
+fn stored_record(
+    runs: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+    copies: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+    log: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+    cache: &mut EntryCache,
+    group: &str,
+    offset: Offset,
+) -> Result<Option<StoredRecord>, StoreError> {
+    match run_at(runs, group, offset)? {
+        None => Ok(None),
+        Some((base, Run::InLog { log_index, batch, first, append_time_ms, .. })) => {
+            // Within the run: `offset - base < count`, which fits a batch.
+            let position = first + (offset.0 - base.0) as u32;
+            let record = cache.record(log, group, log_index, batch, position)?;
+            Ok(Some(StoredRecord { offset, append_time_ms, record }))
+        }
+        Some((_, Run::Copied { .. })) => {
+            let value = copies.get((group, offset.0))?;
+            value.map(|v| decode(v.value())).transpose()
+        }
+    }
+}
+
+/// The last purged log index of `group`, if any.
+fn purged_index(txn: &redb::WriteTransaction, group: &str) -> Result<Option<u64>, StoreError> {
+    let meta = txn.open_table(RAFT_META)?;
+    let purged: Option<LogId> = meta.get((group, "purged"))?.map(|v| decode(v.value())).transpose()?;
+    Ok(purged.map(|p| p.index))
+}
+
+/// Delete `group`'s log rows that openraft has purged and that hold no
+/// retained record (`runs` is the run index, open in `txn`).
+pub(crate) fn delete_unused_log(
+    txn: &redb::WriteTransaction,
+    runs: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+    group: &str,
+) -> Result<(), StoreError> {
+    let Some(purged) = purged_index(txn, group)? else { return Ok(()) };
+    let end = first_log_index_in_use(runs, group)?.min(purged.saturating_add(1));
+    txn.open_table(LOG)?.retain_in((group, 0)..(group, end), |_, _| false)?;
+    Ok(())
+}
+
+/// Records of one partition inside the writer's transaction (used by
+/// apply). Call [`RecordWriter::entry`] before each entry is applied and
+/// [`RecordWriter::finish`] after the last.
 pub struct RecordWriter<'a, 'txn> {
-    pub(crate) table: &'a mut RecordTable<'txn>,
-    pub(crate) group: &'a str,
+    txn: &'txn redb::WriteTransaction,
+    runs: KeyedTable<'txn>,
+    group: &'a str,
+    /// The log index of the entry being applied.
+    log_index: u64,
+    /// The run being extended, not yet written: `(base, run)`.
+    pending: Option<(Offset, Run)>,
+    cache: RefCell<EntryCache>,
+}
+
+impl<'a, 'txn> RecordWriter<'a, 'txn> {
+    pub(crate) fn new(txn: &'txn redb::WriteTransaction, group: &'a str) -> Result<Self, StoreError> {
+        Ok(RecordWriter {
+            txn,
+            runs: txn.open_table(RECORD_RUNS)?,
+            group,
+            log_index: 0,
+            pending: None,
+            cache: RefCell::default(),
+        })
+    }
+
+    /// The entry applied next is at `log_index`.
+    pub(crate) fn entry(&mut self, log_index: u64) -> Result<(), StoreError> {
+        self.flush()?;
+        self.log_index = log_index;
+        Ok(())
+    }
+
+    /// Write the pending run.
+    pub(crate) fn finish(mut self) -> Result<(), StoreError> {
+        self.flush()
+    }
+
+    fn flush(&mut self) -> Result<(), StoreError> {
+        if let Some((base, run)) = self.pending.take() {
+            self.runs.insert((self.group, base.0), postcard::to_stdvec(&run)?.as_slice())?;
+        }
+        Ok(())
+    }
 }
 
 impl RecordLog for RecordWriter<'_, '_> {
     type Error = StoreError;
 
-    fn append(&mut self, record: StoredRecord) -> Result<(), StoreError> {
-        let bytes = postcard::to_stdvec(&record)?;
-        self.table.insert((self.group, record.offset.0), bytes.as_slice())?;
+    fn append(
+        &mut self,
+        offset: Offset,
+        append_time_ms: TimestampMs,
+        _record: &Record,
+        place: RecordPlace,
+    ) -> Result<(), StoreError> {
+        if let Some((base, Run::InLog { log_index, batch, first, count, append_time_ms: time })) = &mut self.pending {
+            let continues = *log_index == self.log_index
+                && *batch == place.batch
+                && u64::from(*first) + *count == u64::from(place.position)
+                && base.0 + *count == offset.0
+                && *time == append_time_ms;
+            if continues {
+                *count += 1;
+                return Ok(());
+            }
+        }
+        self.flush()?;
+        let run = Run::InLog {
+            log_index: self.log_index,
+            batch: place.batch,
+            first: place.position,
+            count: 1,
+            append_time_ms,
+        };
+        self.pending = Some((offset, run));
         Ok(())
     }
 
     fn get(&self, offset: Offset) -> Result<Option<StoredRecord>, StoreError> {
-        let value = self.table.get((self.group, offset.0))?;
-        value.map(|v| decode(v.value())).transpose()
+        let mut cache = self.cache.borrow_mut();
+        if let Some((base, Run::InLog { log_index, batch, first, count, append_time_ms })) = self.pending {
+            if offset >= base && offset.0 - base.0 < count {
+                let position = first + (offset.0 - base.0) as u32;
+                let log = self.txn.open_table(LOG)?;
+                let record = cache.record(&log, self.group, log_index, batch, position)?;
+                return Ok(Some(StoredRecord { offset, append_time_ms, record }));
+            }
+        }
+        let (copies, log) = (self.txn.open_table(RECORDS)?, self.txn.open_table(LOG)?);
+        stored_record(&self.runs, &copies, &log, &mut cache, self.group, offset)
     }
 
     fn remove_before(&mut self, offset: Offset) -> Result<(), StoreError> {
-        self.table.retain_in((self.group, 0)..(self.group, offset.0), |_, _| false)?;
-        Ok(())
+        self.flush()?;
+        let group = self.group;
+        // A run that straddles `offset` starts at `offset` from now on.
+        if let Some((base, run)) = run_at(&self.runs, group, offset)? {
+            if base < offset {
+                self.runs.remove((group, base.0))?;
+                let rest = run.skip(offset.0 - base.0);
+                self.runs.insert((group, offset.0), postcard::to_stdvec(&rest)?.as_slice())?;
+            }
+        }
+        self.runs.retain_in((group, 0)..(group, offset.0), |_, _| false)?;
+        self.txn.open_table(RECORDS)?.retain_in((group, 0)..(group, offset.0), |_, _| false)?;
+        // Entries that now hold no retained record go too, if purged.
+        delete_unused_log(self.txn, &self.runs, group)
     }
 }
 
 /// Records of one partition in a read transaction (used by reads).
 pub struct RecordReader<'a> {
-    pub(crate) table: ReadOnlyTable<(&'static str, u64), &'static [u8]>,
-    pub(crate) group: &'a str,
+    runs: ReadOnlyKeyed,
+    copies: ReadOnlyKeyed,
+    log: ReadOnlyKeyed,
+    group: &'a str,
+    cache: RefCell<EntryCache>,
+}
+
+impl<'a> RecordReader<'a> {
+    pub(crate) fn new(txn: &redb::ReadTransaction, group: &'a str) -> Result<Self, StoreError> {
+        Ok(RecordReader {
+            runs: txn.open_table(RECORD_RUNS)?,
+            copies: txn.open_table(RECORDS)?,
+            log: txn.open_table(LOG)?,
+            group,
+            cache: RefCell::default(),
+        })
+    }
 }
 
 impl RecordLog for RecordReader<'_> {
     type Error = StoreError;
 
-    fn append(&mut self, _record: StoredRecord) -> Result<(), StoreError> {
+    fn append(&mut self, _: Offset, _: TimestampMs, _: &Record, _: RecordPlace) -> Result<(), StoreError> {
         Err(StoreError::ReadOnly)
     }
 
     fn get(&self, offset: Offset) -> Result<Option<StoredRecord>, StoreError> {
-        let value = self.table.get((self.group, offset.0))?;
-        value.map(|v| decode(v.value())).transpose()
+        let mut cache = self.cache.borrow_mut();
+        stored_record(&self.runs, &self.copies, &self.log, &mut cache, self.group, offset)
     }
 
     fn remove_before(&mut self, _offset: Offset) -> Result<(), StoreError> {
         Err(StoreError::ReadOnly)
     }
+}
+
+/// Replace `group`'s records with those of a snapshot, copied (inside the
+/// writer's transaction): `records` in offset order.
+pub(crate) fn replace_with_copies(
+    txn: &redb::WriteTransaction,
+    group: &str,
+    mut next_record: impl FnMut() -> Result<Option<StoredRecord>, StoreError>,
+) -> Result<(), StoreError> {
+    let mut runs = txn.open_table(RECORD_RUNS)?;
+    let mut copies = txn.open_table(RECORDS)?;
+    runs.retain_in((group, 0)..=(group, u64::MAX), |_, _| false)?;
+    copies.retain_in((group, 0)..=(group, u64::MAX), |_, _| false)?;
+    let mut run: Option<(Offset, u64)> = None;
+    while let Some(record) = next_record()? {
+        copies.insert((group, record.offset.0), postcard::to_stdvec(&record)?.as_slice())?;
+        run = match run {
+            Some((base, count)) if base.0 + count == record.offset.0 => Some((base, count + 1)),
+            Some((base, count)) => {
+                runs.insert((group, base.0), postcard::to_stdvec(&Run::Copied { count })?.as_slice())?;
+                Some((record.offset, 1))
+            }
+            None => Some((record.offset, 1)),
+        };
+    }
+    if let Some((base, count)) = run {
+        runs.insert((group, base.0), postcard::to_stdvec(&Run::Copied { count })?.as_slice())?;
+    }
+    Ok(())
 }

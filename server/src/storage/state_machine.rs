@@ -17,9 +17,9 @@ use redb::{ReadableDatabase, ReadableTable};
 use serde::{Deserialize, Serialize};
 
 use super::log_store::io_error;
-use super::records::{RecordReader, RecordWriter};
+use super::records::{self, RecordReader, RecordWriter};
 use super::snapshot_file::{self, SnapshotFile};
-use super::store::{NodeStore, StoreError, RECORDS, SNAPSHOTS, STATE};
+use super::store::{NodeStore, StoreError, SNAPSHOTS, STATE};
 use crate::raft::types::{Command, LogId, Response, SnapshotMeta, StorageError, StoredMembership, TypeConfig};
 
 /// The core state machine a group runs, shared behind an `Arc`: readers take
@@ -131,7 +131,7 @@ impl GroupStateMachine {
         // at least every record that state has committed.
         let GroupState::Partition(partition) = self.state.lock().expect("group state").clone() else { return Ok(None) };
         self.store.read(|txn| {
-            let reader = RecordReader { table: txn.open_table(RECORDS)?, group: self.group.as_str() };
+            let reader = RecordReader::new(txn, self.group.as_str())?;
             Ok(Some(read(&partition, &reader)))
         })
     }
@@ -148,12 +148,18 @@ impl GroupStateMachine {
             .store
             .write(false, move |txn| {
                 let group = group.as_str();
-                let mut records = txn.open_table(RECORDS)?;
                 let mut state = state.lock().expect("group state");
+                let mut log = match &*state {
+                    GroupState::Partition(_) => Some(RecordWriter::new(txn, group)?),
+                    GroupState::Metadata(_) => None,
+                };
                 let mut applied = last_applied.lock().expect("applied");
                 let mut responses = Vec::with_capacity(entries.len());
                 for entry in entries {
                     applied.0 = Some(entry.log_id);
+                    if let Some(log) = &mut log {
+                        log.entry(entry.log_id.index)?;
+                    }
                     let response = match entry.payload {
                         EntryPayload::Blank => Response::None,
                         EntryPayload::Membership(membership) => {
@@ -165,14 +171,17 @@ impl GroupStateMachine {
                                 Response::Metadata(Arc::make_mut(metadata).apply(applied_at(&request), command))
                             }
                             (GroupState::Partition(partition), Command::Partition(command)) => {
-                                let mut log = RecordWriter { table: &mut records, group };
+                                let log = log.as_mut().expect("a partition group has a record writer");
                                 let partition = Arc::make_mut(partition);
-                                Response::Partition(partition.apply(&mut log, applied_at(&request), command)?)
+                                Response::Partition(partition.apply(log, applied_at(&request), command)?)
                             }
                             _ => Response::WrongGroup,
                         },
                     };
                     responses.push(response);
+                }
+                if let Some(log) = log {
+                    log.finish()?;
                 }
                 let row = Applied { last_applied: applied.0, membership: applied.1.clone(), state: state.clone() };
                 txn.open_table(STATE)?.insert(group, postcard::to_stdvec(&row)?.as_slice())?;
@@ -209,7 +218,7 @@ impl GroupStateMachine {
         file.write_item(&applied)?;
         if let GroupState::Partition(partition) = &applied.state {
             // One record in memory at a time.
-            let reader = RecordReader { table: view.open_table(RECORDS)?, group: self.group.as_str() };
+            let reader = RecordReader::new(&view, self.group.as_str())?;
             let mut offset = partition.log_start();
             #[allow(unused_mut)]
             let mut end = partition.high_watermark();
@@ -294,11 +303,7 @@ impl GroupStateMachine {
             .store
             .write(true, move |txn| {
                 let group = group.as_str();
-                let mut records = txn.open_table(RECORDS)?;
-                records.retain_in((group, 0)..=(group, u64::MAX), |_, _| false)?;
-                while let Some(record) = reader.read_item::<StoredRecord>()? {
-                    records.insert((group, record.offset.0), postcard::to_stdvec(&record)?.as_slice())?;
-                }
+                records::replace_with_copies(txn, group, || reader.read_item::<StoredRecord>())?;
                 txn.open_table(STATE)?.insert(group, row.as_slice())?;
                 let mut snapshots = txn.open_table(SNAPSHOTS)?;
                 let previous: Option<(SnapshotMeta, String)> =

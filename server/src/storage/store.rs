@@ -17,8 +17,12 @@ pub(crate) const LOG: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new
 pub(crate) const RAFT_META: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("raft_meta");
 /// State machines: group key -> postcard(Applied).
 pub(crate) const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state_machine");
-/// Partition records: (group key, offset) -> postcard(StoredRecord).
+/// Partition records received in a snapshot (the others stay in their log
+/// entries): (group key, offset) -> postcard(StoredRecord).
 pub(crate) const RECORDS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("records");
+/// Where each run of a partition's offsets is stored: (group key, first
+/// offset) -> postcard(records::Run).
+pub(crate) const RECORD_RUNS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("record_runs");
 /// Latest snapshot per group: group key -> postcard(meta, chunk key).
 pub(crate) const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 /// Snapshot bytes: (chunk key, chunk index) -> up to 1 MiB.
@@ -48,6 +52,8 @@ pub enum StoreError {
     Closed,
     #[error("the partition record store is read-only here")]
     ReadOnly,
+    #[error("stored data is inconsistent ({0}); the data directory is damaged: remove this broker's replica and let it catch up from the others")]
+    Inconsistent(String),
 }
 
 impl From<redb::Error> for StoreError {
@@ -139,7 +145,7 @@ impl NodeStore {
 
     fn from_database(db: Database) -> Result<Arc<NodeStore>, StoreError> {
         let txn = db.begin_write()?;
-        for table in [LOG, RECORDS, SNAPSHOT_CHUNKS] {
+        for table in [LOG, RECORDS, RECORD_RUNS, SNAPSHOT_CHUNKS] {
             txn.open_table(table)?;
         }
         txn.open_table(RAFT_META)?;
@@ -344,7 +350,7 @@ impl NodeStore {
     }
 
     /// Delete every row of a group: its log, vote and Raft bookkeeping, its
-    /// state machine, records and snapshots. For a group whose topic was
+    /// state machine, record index, records and snapshots. For a group whose topic was
     /// deleted, after its Raft has stopped.
     pub async fn remove_group(&self, group: &str) -> Result<(), StoreError> {
         self.mark(MarkChange::Forgotten(group.to_string()));
@@ -353,6 +359,7 @@ impl NodeStore {
             let key = group.as_str();
             txn.open_table(LOG)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
             txn.open_table(RECORDS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
+            txn.open_table(RECORD_RUNS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
             for name in ["vote", "purged", "committed"] {
                 txn.open_table(RAFT_META)?.remove((key, name))?;
             }

@@ -1,0 +1,151 @@
+//! A partition's records are stored once, in the Raft log entries that
+//! appended them: reads find them there (batch by batch, skipping rejected
+//! batches), a purge for openraft keeps every entry that still holds a
+//! retained record, retention deletes the entries it leaves behind, and a
+//! replica that installs a snapshot gets the records copied.
+
+use keel_core::metadata::RetentionPolicy;
+use keel_core::partition::{AppendBatch, PartitionCommand};
+use keel_core::record::{Record, StoredRecord};
+use keel_core::{Limits, Offset, TimestampMs};
+use keel_server::raft::types::{Command, LogId, Request, Response, TypeConfig};
+use keel_server::storage::crash_disk::CrashDisk;
+use keel_server::storage::{GroupStateMachine, LogStore, NodeStore};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, RaftSnapshotBuilder};
+
+const GROUP: &str = "p/t/0";
+
+fn log_id(index: u64) -> LogId {
+    LogId::new(CommittedLeaderId::new(1, 1), index)
+}
+
+fn entry(index: u64, command: PartitionCommand) -> Entry<TypeConfig> {
+    let request = Request { at: TimestampMs(1_000 * index), command: Command::Partition(command) };
+    Entry { log_id: log_id(index), payload: EntryPayload::Normal(request) }
+}
+
+/// Entry `index` appends two batches of two records around an empty batch
+/// (refused, so it takes no offsets): values `e{index}-b{batch}-{n}`.
+fn appending(index: u64) -> Entry<TypeConfig> {
+    let batch = |b: u32| AppendBatch {
+        producer: None,
+        records: if b == 1 {
+            Vec::new()
+        } else {
+            (0..2).map(|n| Record::from_value(format!("e{index}-b{b}-{n}").into_bytes())).collect()
+        },
+    };
+    entry(index, PartitionCommand::AppendBatches { batches: (0..3).map(batch).collect() })
+}
+
+struct Replica {
+    store: std::sync::Arc<NodeStore>,
+    log: LogStore,
+    state_machine: GroupStateMachine,
+}
+
+fn replica() -> Replica {
+    let store = NodeStore::open_with_backend(CrashDisk::new()).unwrap();
+    let log = LogStore::new(store.clone(), GROUP.to_string());
+    let state_machine = GroupStateMachine::open(
+        store.clone(),
+        GROUP.to_string(),
+        GroupStateMachine::initial_partition(Limits::default()),
+    )
+    .unwrap();
+    Replica { store, log, state_machine }
+}
+
+impl Replica {
+    async fn append_and_apply(&mut self, entries: Vec<Entry<TypeConfig>>) -> Vec<Response> {
+        self.log.blocking_append(entries.clone()).await.unwrap();
+        self.state_machine.apply(entries).await.unwrap()
+    }
+
+    fn records(&self) -> (Offset, Vec<StoredRecord>) {
+        self.state_machine
+            .with_records(|state, reader| {
+                (state.log_start(), state.read(reader, state.log_start(), 1000, u64::MAX).unwrap())
+            })
+            .unwrap()
+            .unwrap()
+    }
+
+    fn stored(&self, index: u64) -> bool {
+        self.store.log_entry_at(GROUP, index).unwrap().0.is_some()
+    }
+}
+
+fn values(records: &[StoredRecord]) -> Vec<String> {
+    records.iter().map(|r| String::from_utf8(r.record.value.clone()).unwrap()).collect()
+}
+
+fn expected(entries: std::ops::RangeInclusive<u64>) -> Vec<String> {
+    entries.flat_map(|e| [0, 2].into_iter().flat_map(move |b| (0..2).map(move |n| format!("e{e}-b{b}-{n}")))).collect()
+}
+
+#[tokio::test]
+async fn records_live_in_the_log_until_retention_passes_them() {
+    let mut replica = replica();
+    replica.append_and_apply((1..=3).map(appending).collect()).await;
+
+    let (start, records) = replica.records();
+    assert_eq!(start, Offset(0));
+    assert_eq!(values(&records), expected(1..=3));
+    let offsets: Vec<u64> = records.iter().map(|r| r.offset.0).collect();
+    assert_eq!(offsets, (0..12).collect::<Vec<_>>());
+    assert!(records[4..8].iter().all(|r| r.append_time_ms == TimestampMs(2_000)), "entry 2's append time");
+
+    // openraft purges everything: the entries stay, they hold the records.
+    replica.log.purge(log_id(3)).await.unwrap();
+    assert!((1..=3).all(|i| replica.stored(i)), "purged entries holding retained records are kept");
+    let state = replica.log.get_log_state().await.unwrap();
+    assert_eq!((state.last_purged_log_id, state.last_log_id), (Some(log_id(3)), Some(log_id(3))));
+    assert_eq!(values(&replica.records().1), expected(1..=3));
+
+    // Retention keeps the last 6 records (offsets 6..12): entry 1 holds
+    // none of them any more and goes; entry 2 holds offsets 6 and 7.
+    let size = Record::from_value(b"e1-b0-0".to_vec()).size_bytes();
+    let policy = RetentionPolicy { max_age_ms: None, max_bytes: Some(6 * size) };
+    replica.append_and_apply(vec![entry(4, PartitionCommand::ApplyRetention { policy })]).await;
+    let (start, records) = replica.records();
+    assert_eq!(start, Offset(6));
+    assert_eq!(values(&records), expected(1..=3)[6..].to_vec());
+    assert!(!replica.stored(1), "an entry behind retention and the purge point is deleted");
+    assert!(replica.stored(2) && replica.stored(3) && replica.stored(4));
+
+    // A later purge deletes nothing more: the log is kept from the first
+    // entry in use on (entries after it, records or not, go with it).
+    replica.log.purge(log_id(4)).await.unwrap();
+    assert!((2..=4).all(|i| replica.stored(i)), "the log from the first entry in use on stays");
+    let state = replica.log.get_log_state().await.unwrap();
+    assert_eq!((state.last_purged_log_id, state.last_log_id), (Some(log_id(4)), Some(log_id(4))));
+}
+
+#[tokio::test]
+async fn a_replica_that_installs_a_snapshot_gets_the_records_copied() {
+    let mut leader = replica();
+    leader.append_and_apply((1..=3).map(appending).collect()).await;
+    let mut builder = leader.state_machine.get_snapshot_builder().await;
+    let mut snapshot = builder.build_snapshot().await.unwrap();
+
+    let mut follower = replica();
+    let mut incoming = follower.state_machine.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut snapshot.snapshot, &mut incoming).await.unwrap();
+    tokio::io::AsyncWriteExt::shutdown(&mut incoming).await.unwrap();
+    follower.state_machine.install_snapshot(&snapshot.meta, incoming).await.unwrap();
+    follower.log.purge(log_id(3)).await.unwrap();
+    assert_eq!(values(&follower.records().1), expected(1..=3));
+
+    // The follower appends on in its log; copied and logged records read
+    // alike, and retention runs across both.
+    follower.append_and_apply(vec![appending(4)]).await;
+    assert_eq!(values(&follower.records().1), expected(1..=4));
+    let size = Record::from_value(b"e1-b0-0".to_vec()).size_bytes();
+    let policy = RetentionPolicy { max_age_ms: None, max_bytes: Some(5 * size) };
+    follower.append_and_apply(vec![entry(5, PartitionCommand::ApplyRetention { policy })]).await;
+    let (start, records) = follower.records();
+    assert_eq!(start, Offset(11));
+    assert_eq!(values(&records), expected(1..=4)[11..].to_vec());
+}
