@@ -736,14 +736,22 @@ impl Node {
             if !membership::may_stop(&metadata, group, &raft, self.id()) {
                 continue;
             }
+            let topic_gone = Self::placement_of(&metadata, group).is_none();
             let handle = self.inner.groups.lock().expect("groups").remove(group);
             self.inner.cursors.lock().expect("cursors").retain(|(partition, _), _| partition != group);
             if let Some(handle) = handle {
                 let _ = handle.raft.shutdown().await;
-                // The topic is gone (a topic created again gets new groups),
-                // or the replica moved away (moving back catches up anew).
-                if let Err(error) = self.inner.store.remove_group(&group.key()).await {
-                    tracing::error!(%error, %group, "could not remove a deleted partition's data");
+                // Only a deleted topic's data goes (a topic created again
+                // gets new groups). A replica moved away keeps its vote and
+                // log, and a move back reopens them: a member that has not
+                // yet seen the configuration without this broker still
+                // counts it as a voter, and an emptied replica would grant
+                // that member's vote on any log, letting it overwrite
+                // committed entries (seed 2000379).
+                if topic_gone {
+                    if let Err(error) = self.inner.store.remove_group(&group.key()).await {
+                        tracing::error!(%error, %group, "could not remove a deleted partition's data");
+                    }
                 }
             }
         }

@@ -573,12 +573,12 @@ async fn change_voters(group: &GroupId, raft: &Raft, target: BTreeMap<NodeId, St
     Ok(())
 }
 
-/// Whether a running group that is no longer placed here may stop (and
-/// its data go): its topic is gone, or its own membership no longer names
-/// this broker and that membership is committed (applied here). A
-/// membership only appended here may still be replaced by one that names
-/// this broker again (moves back to back): deleting the replica then would
-/// hand its leader a follower whose log went backwards.
+/// Whether a running group that is no longer placed here may stop: its
+/// topic is gone (its data then goes), or its own membership no longer
+/// names this broker and that membership is committed (applied here); the
+/// stopped replica keeps its data. A membership only appended here may
+/// still be replaced by one that names this broker again (moves back to
+/// back).
 pub(super) fn may_stop(metadata: &MetadataState, group: &GroupId, raft: &Raft, me: NodeId) -> bool {
     if Node::placement_of(metadata, group).is_none() {
         return true;
