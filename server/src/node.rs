@@ -40,6 +40,7 @@ use crate::storage::{GroupState, GroupStateMachine, LogStore, NodeStore, StoreEr
 
 mod append;
 mod membership;
+mod retention;
 pub use append::{ENTRIES_IN_FLIGHT_MAX, ENTRY_BATCHES_MAX, ENTRY_BYTES_MAX};
 pub use membership::MembershipError;
 
@@ -106,6 +107,10 @@ pub struct NodeConfig {
     pub raft: openraft::Config,
     /// How often the metadata leader does its duties.
     pub duty_interval: Duration,
+    /// How often each partition leader checks whether records are due to
+    /// go under its topic's retention policy (Kafka's
+    /// `log.retention.check.interval.ms`).
+    pub retention_interval: Duration,
     /// The cluster's identity, carried by every Raft message so brokers of
     /// different clusters never talk. [`NodeConfig::new`] derives it from
     /// the initial voters; a broker joining a running cluster takes it from
@@ -167,6 +172,7 @@ impl NodeConfig {
             limits: Limits::default(),
             raft,
             duty_interval: Duration::from_millis(200),
+            retention_interval: Duration::from_secs(30),
         }
     }
 }
@@ -246,6 +252,8 @@ struct NodeInner {
     /// Partition groups whose leader (this broker) is changing their
     /// membership to follow a move.
     membership_changes: Mutex<BTreeSet<GroupId>>,
+    /// When retention was last checked on each partition group led here.
+    retention_checked: Mutex<BTreeMap<GroupId, keel_core::MonotonicMs>>,
     /// Produce requests waiting to share a Raft entry, per partition group.
     lanes: append::Lanes,
     metrics: crate::metrics::Metrics,
@@ -327,6 +335,7 @@ impl Node {
             was_metadata_leader: Mutex::new(false),
             cursors: Mutex::new(BTreeMap::new()),
             membership_changes: Mutex::new(BTreeSet::new()),
+            retention_checked: Mutex::new(BTreeMap::new()),
             lanes: append::Lanes::default(),
             metrics: crate::metrics::Metrics::new(),
             stop_servers: [Arc::new(Notify::new()), Arc::new(Notify::new())],
@@ -771,6 +780,7 @@ impl Node {
 
     async fn leader_duties(&self) {
         self.converge_partition_memberships();
+        self.enforce_retention();
         let Some(metadata) = self.raft(&GroupId::Metadata) else { return };
         let leading = metadata.current_leader().await == Some(self.id());
         self.keep_registration(&metadata, leading).await;

@@ -30,18 +30,14 @@ async fn cluster_with_topic(
     dir: &TempDir,
     topic: &str,
     adjust: fn(&mut NodeConfig),
+    retention: RetentionPolicy,
 ) -> (LocalCluster, TopicPartition, GroupId) {
     let cluster = LocalCluster::start(dir.path().to_path_buf(), 3, adjust).await.unwrap();
     cluster
         .eventually("all brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 3)
         .await
         .unwrap();
-    let create = MetadataCommand::CreateTopic {
-        topic: topic.into(),
-        partitions: 2,
-        replication_factor: 3,
-        retention: RetentionPolicy::default(),
-    };
+    let create = MetadataCommand::CreateTopic { topic: topic.into(), partitions: 2, replication_factor: 3, retention };
     let created = cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
     assert!(matches!(created, Response::Metadata(Ok(MetadataOutcome::TopicCreated { .. }))), "{created:?}");
     let partition = TopicPartition::new(TopicName::new(topic).unwrap(), PartitionIndex(0));
@@ -61,7 +57,7 @@ fn values(cluster: &LocalCluster, id: u64, partition: &TopicPartition) -> Vec<St
     let records = cluster
         .node(id)
         .unwrap()
-        .read_partition(partition, |state, log| state.read(log, Offset(0), 1000, u64::MAX).unwrap())
+        .read_partition(partition, |state, log| state.read(log, state.log_start(), 1000, u64::MAX).unwrap())
         .unwrap();
     records.into_iter().map(|r| String::from_utf8(r.record.value).unwrap()).collect()
 }
@@ -69,7 +65,7 @@ fn values(cluster: &LocalCluster, id: u64, partition: &TopicPartition) -> Vec<St
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_brokers_commit_survive_a_kill_and_catch_up_after_restart() {
     let dir = TempDir::new().unwrap();
-    let (mut cluster, partition, group) = cluster_with_topic(&dir, "orders", |_| {}).await;
+    let (mut cluster, partition, group) = cluster_with_topic(&dir, "orders", |_| {}, RetentionPolicy::default()).await;
     for sequence in 0..10 {
         let response =
             cluster.propose(&group, append(7, sequence, &format!("record-{sequence}")), DEADLINE).await.unwrap();
@@ -156,7 +152,8 @@ async fn a_lagging_broker_catches_up_by_snapshot() {
         config.raft.max_in_snapshot_log_to_keep = 0;
         config.raft.purge_batch_size = 1;
     };
-    let (mut cluster, partition, group) = cluster_with_topic(&dir, "logs", snapshot_often).await;
+    let (mut cluster, partition, group) =
+        cluster_with_topic(&dir, "logs", snapshot_often, RetentionPolicy::default()).await;
 
     // Broker 3 goes down; the others write on, snapshot and purge.
     cluster.stop(3).await;
@@ -190,6 +187,40 @@ async fn a_lagging_broker_catches_up_by_snapshot() {
     cluster.shutdown().await;
 }
 
+/// Retention runs by itself: each partition leader proposes it when its
+/// topic's byte limit is passed, every replica moves its log start to the
+/// same offset, reads below it are refused, and the records kept are intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_moves_the_log_start_on_every_replica() {
+    use keel_core::partition::ReadError;
+    let dir = TempDir::new().unwrap();
+    let check_often = |config: &mut NodeConfig| config.retention_interval = Duration::from_millis(100);
+    let value = |sequence: u64| format!("record-{sequence:04}");
+    let size = Record::from_value(value(0).into_bytes()).size_bytes();
+    let retention = RetentionPolicy { max_age_ms: None, max_bytes: Some(10 * size) };
+    let (mut cluster, partition, group) = cluster_with_topic(&dir, "kept", check_often, retention).await;
+    for sequence in 0..50 {
+        cluster.propose(&group, append(9, sequence, &value(sequence)), DEADLINE).await.unwrap();
+    }
+    let log_start = |c: &LocalCluster, id: u64| c.node(id).unwrap().partition(&partition).map(|p| p.log_start());
+    cluster
+        .eventually("every replica keeps the last 10 records", DEADLINE, |c| {
+            (1..=3).all(|id| log_start(c, id) == Some(Offset(40)))
+        })
+        .await
+        .unwrap();
+    for id in 1..=3 {
+        assert_eq!(values(&cluster, id, &partition), (40..50).map(value).collect::<Vec<_>>(), "broker {id}");
+        let below = cluster
+            .node(id)
+            .unwrap()
+            .read_partition(&partition, |state, log| state.read(log, Offset(39), 10, u64::MAX).map(|r| r.len()))
+            .unwrap();
+        assert!(matches!(below, Err(ReadError::OffsetOutOfRange { .. })), "broker {id}: {below:?}");
+    }
+    cluster.shutdown().await;
+}
+
 /// Concurrent produce requests to one leader share Raft entries, and each
 /// keeps its own outcome: its own offsets, its own rejection, its own
 /// idempotent sequence check (a retry sent beside its original is answered
@@ -198,7 +229,7 @@ async fn a_lagging_broker_catches_up_by_snapshot() {
 async fn concurrent_appends_share_entries_and_keep_their_own_outcomes() {
     use keel_core::partition::{AppendBatch, PartitionRejection};
     let dir = TempDir::new().unwrap();
-    let (mut cluster, partition, group) = cluster_with_topic(&dir, "burst", |_| {}).await;
+    let (mut cluster, partition, group) = cluster_with_topic(&dir, "burst", |_| {}, RetentionPolicy::default()).await;
     // Make sure a leader is elected, then send everything to it at once.
     cluster.propose(&group, append(1, 0, "first"), DEADLINE).await.unwrap();
     let leader = cluster

@@ -126,3 +126,42 @@ fn prometheus_metrics_show_traffic_raft_state_and_lag() {
     let metrics = http_get(&metrics_address, "/metrics");
     assert!(sample(&metrics, r#"keel_requests_total{rpc="DescribeTopic",code="NotFound"}"#) >= 1.0);
 }
+
+/// Retention set at `keel topic create` runs by itself: once the partition
+/// holds more than its byte limit, the log start moves past the oldest
+/// records, `topic describe` shows it, reads below it are refused with a
+/// clear error, and the newest records are read intact.
+#[test]
+fn retention_by_size_moves_the_log_start() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let _broker = Broker::start(dir.path(), &address, &["--retention-check-interval", "200ms"]);
+    cli_ok(&address, &["topic", "create", "kept", "--retention-bytes", "2KiB"], "");
+    // 40 records of 100 bytes: 4,000 bytes, twice the limit.
+    let lines: String = (0..40).map(|i| format!("{i:03}{}\n", "x".repeat(97))).collect();
+    cli_ok(&address, &["produce", "kept"], &lines);
+
+    let log_start = || {
+        let described: serde_json::Value =
+            serde_json::from_str(&cli_ok(&address, &["topic", "describe", "kept", "--json"], "")).unwrap();
+        described[0]["partitions"][0]["log_start"].as_u64().unwrap()
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while log_start() == 0 {
+        assert!(std::time::Instant::now() < deadline, "retention never ran");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // At most 2 KiB (2,048 bytes) is kept: the last 20 records.
+    let start = log_start();
+    assert_eq!(start, 20, "the log start is just past the records beyond 2 KiB");
+    let read = cli_ok(&address, &["read", "kept", "--offset", &start.to_string(), "--json"], "");
+    let values: Vec<String> = read
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap()["value"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(values, (20..40).map(|i| format!("{i:03}{}", "x".repeat(97))).collect::<Vec<_>>());
+    let below = cli(&address, &["read", "kept", "--offset", "0"], "");
+    assert!(!below.status.success(), "a read below the log start is refused");
+    let error = String::from_utf8_lossy(&below.stderr);
+    assert!(error.contains("log start") || error.contains("out of range"), "{error}");
+}

@@ -100,6 +100,11 @@ struct ServeArgs {
     /// Serve Prometheus metrics at http://ADDRESS/metrics (off by default).
     #[arg(long, env = "KEEL_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// How often each partition leader checks whether records are due to go
+    /// under its topic's retention (e.g. 30s, 5m) [default: 30s].
+    #[arg(long, env = "KEEL_RETENTION_CHECK_INTERVAL", value_parser = humantime::parse_duration)]
+    #[serde(skip)]
+    retention_check_interval: Option<std::time::Duration>,
 }
 
 #[derive(Args)]
@@ -121,6 +126,13 @@ enum TopicCommand {
         partitions: u32,
         #[arg(long, default_value_t = 1)]
         replication_factor: u32,
+        /// Remove records older than this (e.g. 7d, 12h) [default: keep].
+        #[arg(long, value_parser = humantime::parse_duration)]
+        retention: Option<std::time::Duration>,
+        /// Remove the oldest records while the partition holds more than
+        /// this (e.g. 10GiB, 500MB) [default: keep].
+        #[arg(long)]
+        retention_bytes: Option<bytesize::ByteSize>,
         #[command(flatten)]
         connection: Connection,
     },
@@ -504,7 +516,11 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let retention_check_interval = args.retention_check_interval;
     let Settled { mut config, data_dir, join, metrics_listen, cluster_secret: given_secret } = settle(args)?;
+    if let Some(interval) = retention_check_interval {
+        config.retention_interval = interval;
+    }
     let single = join.is_none() && config.metadata_voters.len() == 1;
     config.cluster_secret = cluster_secret(given_secret, &data_dir, single)?;
     let joining = match join {
@@ -656,8 +672,11 @@ fn print_topics(topics: &[pb::TopicDescription], json: bool) {
 
 async fn topic(command: TopicCommand) -> anyhow::Result<()> {
     match command {
-        TopicCommand::Create { name, partitions, replication_factor, connection } => {
-            let request = pb::CreateTopicRequest { topic: name, partitions, replication_factor, ..Default::default() };
+        TopicCommand::Create { name, partitions, replication_factor, retention, retention_bytes, connection } => {
+            let retention_ms = retention.map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX));
+            let retention_bytes = retention_bytes.map(|size| size.as_u64());
+            let request =
+                pb::CreateTopicRequest { topic: name, partitions, replication_factor, retention_ms, retention_bytes };
             let topic = client(&connection)?.create_topic(request).await?;
             print_topics(&[topic], connection.json);
         }

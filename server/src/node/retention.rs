@@ -1,0 +1,96 @@
+//! Retention: each partition leader proposes `ApplyRetention` with its
+//! topic's policy when records are due to go (older than the age limit, or
+//! beyond the byte limit), checked once per retention interval. Applying it
+//! moves the log start on every replica, and the log entries behind it are
+//! deleted (the records live in them: see `storage::records`).
+//!
+//! The decision to remove is the state machine's, on the time the leader
+//! stamped on the command and the records' (monotonic) append times, so
+//! every replica removes the same records.
+
+use keel_core::metadata::RetentionPolicy;
+use keel_core::partition::{PartitionCommand, PartitionOutcome};
+use keel_core::{TimestampMs, TopicPartition};
+
+use super::{Node, DUTY_PROPOSAL_TIMEOUT};
+use crate::group::GroupId;
+use crate::raft::types::{Command, Response};
+
+impl Node {
+    /// Propose retention on every partition led here that has records due.
+    pub(super) fn enforce_retention(&self) {
+        let metadata = self.metadata();
+        let now = self.inner.clock.monotonic();
+        let interval_ms = self.inner.config.retention_interval.as_millis() as u64;
+        let led: Vec<GroupId> = {
+            let groups = self.inner.groups.lock().expect("groups");
+            groups
+                .iter()
+                .filter(|(group, handle)| {
+                    **group != GroupId::Metadata && handle.raft.metrics().borrow().current_leader == Some(self.id())
+                })
+                .map(|(group, _)| group.clone())
+                .collect()
+        };
+        for group in led {
+            let GroupId::Partition(partition, topic_id) = &group else { continue };
+            let Some(topic) = metadata.topic(&partition.topic).filter(|t| t.id == *topic_id) else { continue };
+            let policy = topic.retention;
+            if policy.max_age_ms.is_none() && policy.max_bytes.is_none() {
+                continue;
+            }
+            {
+                let mut checked = self.inner.retention_checked.lock().expect("retention checks");
+                if checked.get(&group).is_some_and(|at| now.0.saturating_sub(at.0) < interval_ms) {
+                    continue;
+                }
+                checked.insert(group.clone(), now);
+            }
+            if !self.retention_due(partition, policy, self.inner.clock.now()) {
+                continue;
+            }
+            let node = self.clone();
+            self.spawn(async move { node.apply_retention(group, policy).await });
+        }
+    }
+
+    /// Whether this replica holds records `policy` removes at `now`.
+    fn retention_due(&self, partition: &TopicPartition, policy: RetentionPolicy, now: TimestampMs) -> bool {
+        let first = self.read_partition(partition, |state, log| {
+            let too_big = policy.max_bytes.is_some_and(|max| state.log_bytes() > max);
+            let oldest = state.read(log, state.log_start(), 1, u64::MAX).ok().and_then(|r| r.into_iter().next());
+            (too_big, oldest.map(|r| r.append_time_ms))
+        });
+        let Some((too_big, oldest)) = first else { return false };
+        let too_old = policy.max_age_ms.zip(oldest).is_some_and(|(age, appended)| appended.plus_ms(age) <= now);
+        too_big || too_old
+    }
+
+    async fn apply_retention(&self, group: GroupId, policy: RetentionPolicy) {
+        let command = Command::Partition(PartitionCommand::ApplyRetention { policy });
+        match tokio::time::timeout(DUTY_PROPOSAL_TIMEOUT, self.propose(&group, command)).await {
+            Ok(Ok(Response::Partition(Ok(PartitionOutcome::Retained {
+                log_start,
+                removed_records,
+                groups_behind,
+            })))) => {
+                tracing::info!(%group, %log_start, removed_records, "retention moved the log start");
+                for (consumer_group, position) in groups_behind {
+                    tracing::warn!(
+                        %group, %consumer_group, %position, %log_start,
+                        "a consumer group's position fell behind the log start; it resumes from the log start"
+                    );
+                }
+                // One apply removes a bounded number of records: if it
+                // removed that many, check again at the next duty round.
+                let per_apply = u64::from(self.inner.config.limits.retention_records_per_apply_max);
+                if removed_records >= per_apply {
+                    self.inner.retention_checked.lock().expect("retention checks").remove(&group);
+                }
+            }
+            Ok(Ok(other)) => tracing::debug!(%group, ?other, "retention was not applied"),
+            Ok(Err(error)) => tracing::debug!(%group, %error, "could not apply retention yet"),
+            Err(_) => tracing::debug!(%group, "retention got no answer in time; retrying next interval"),
+        }
+    }
+}
