@@ -149,3 +149,46 @@ async fn a_replica_that_installs_a_snapshot_gets_the_records_copied() {
     assert_eq!(start, Offset(11));
     assert_eq!(values(&records), expected(1..=4)[11..].to_vec());
 }
+
+/// A snapshot is only state: the records it covers stay where they are,
+/// kept from its log start on while it is current (past retention, since a
+/// follower may still need them), and are written into its stream only
+/// when it is read.
+#[tokio::test]
+async fn a_current_snapshot_keeps_its_records_until_a_newer_one_replaces_it() {
+    let mut leader = replica();
+    leader.append_and_apply((1..=3).map(appending).collect()).await;
+    let mut builder = leader.state_machine.get_snapshot_builder().await;
+    let first = builder.build_snapshot().await.unwrap();
+    leader.log.purge(log_id(3)).await.unwrap();
+
+    let size = Record::from_value(b"e1-b0-0".to_vec()).size_bytes();
+    let policy = RetentionPolicy { max_age_ms: None, max_bytes: Some(6 * size) };
+    leader.append_and_apply(vec![entry(4, PartitionCommand::ApplyRetention { policy })]).await;
+    assert_eq!(leader.records().0, Offset(6));
+    assert!(leader.stored(1), "the current snapshot still covers entry 1's records");
+
+    // The first snapshot's stream, read now, still has all 12 records.
+    let mut follower = replica();
+    install(&mut follower, first).await;
+    assert_eq!(values(&follower.records().1), expected(1..=3));
+
+    // A newer snapshot starts at offset 6: entry 1 goes, and its stream
+    // carries the 6 records kept.
+    let mut builder = leader.state_machine.get_snapshot_builder().await;
+    let second = builder.build_snapshot().await.unwrap();
+    assert!(!leader.stored(1), "no snapshot covers entry 1 any more");
+    assert!(leader.stored(2));
+    let mut follower = replica();
+    install(&mut follower, second).await;
+    let (start, records) = follower.records();
+    assert_eq!(start, Offset(6));
+    assert_eq!(values(&records), expected(1..=3)[6..].to_vec());
+}
+
+async fn install(follower: &mut Replica, mut snapshot: openraft::storage::Snapshot<TypeConfig>) {
+    let mut incoming = follower.state_machine.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut snapshot.snapshot, &mut incoming).await.unwrap();
+    tokio::io::AsyncWriteExt::shutdown(&mut incoming).await.unwrap();
+    follower.state_machine.install_snapshot(&snapshot.meta, incoming).await.unwrap();
+}

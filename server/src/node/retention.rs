@@ -4,6 +4,10 @@
 //! moves the log start on every replica, and the log entries behind it are
 //! deleted (the records live in them: see `storage::records`).
 //!
+//! The current snapshot keeps the records it covers (a follower may need
+//! them), so once the log start has passed them, each replica builds a new
+//! snapshot (of state only: cheap) and the disk space goes with it.
+//!
 //! The decision to remove is the state machine's, on the time the leader
 //! stamped on the command and the records' (monotonic) append times, so
 //! every replica removes the same records.
@@ -22,17 +26,15 @@ impl Node {
         let metadata = self.metadata();
         let now = self.inner.clock.monotonic();
         let interval_ms = self.inner.config.retention_interval.as_millis() as u64;
-        let led: Vec<GroupId> = {
+        let hosted: Vec<(GroupId, super::GroupHandle)> = {
             let groups = self.inner.groups.lock().expect("groups");
             groups
                 .iter()
-                .filter(|(group, handle)| {
-                    **group != GroupId::Metadata && handle.raft.metrics().borrow().current_leader == Some(self.id())
-                })
-                .map(|(group, _)| group.clone())
+                .filter(|(group, _)| **group != GroupId::Metadata)
+                .map(|(g, h)| (g.clone(), h.clone()))
                 .collect()
         };
-        for group in led {
+        for (group, handle) in hosted {
             let GroupId::Partition(partition, topic_id) = &group else { continue };
             let Some(topic) = metadata.topic(&partition.topic).filter(|t| t.id == *topic_id) else { continue };
             let policy = topic.retention;
@@ -45,6 +47,19 @@ impl Node {
                     continue;
                 }
                 checked.insert(group.clone(), now);
+            }
+            // On every replica: once the log start has passed what the
+            // current snapshot keeps, a new snapshot lets the disk go.
+            let log_start = self.partition(partition).map(|p| p.log_start());
+            let kept_from = handle.state_machine.snapshot_keeps_from().ok().flatten();
+            if log_start.zip(kept_from).is_some_and(|(start, kept)| start > kept) {
+                let raft = handle.raft.clone();
+                self.spawn(async move {
+                    let _ = raft.trigger().snapshot().await;
+                });
+            }
+            if handle.raft.metrics().borrow().current_leader != Some(self.id()) {
+                continue;
             }
             if !self.retention_due(partition, policy, self.inner.clock.now()) {
                 continue;

@@ -9,7 +9,10 @@
 //!
 //! So the log may be purged (for openraft) only behind the first entry
 //! that still holds a retained record: `LogStore::purge` and retention
-//! (`remove_before`) each delete log rows only below both bounds.
+//! (`remove_before`) each delete log rows only below both bounds. The
+//! current snapshot is only state: the records it covers are kept (from
+//! its log start on) until a newer snapshot replaces it, and are written
+//! into its stream only when a follower needs it.
 
 use std::cell::RefCell;
 
@@ -20,7 +23,8 @@ use openraft::EntryPayload;
 use redb::{ReadOnlyTable, ReadableTable, Table};
 use serde::{Deserialize, Serialize};
 
-use super::store::{StoreError, LOG, RAFT_META, RECORDS, RECORD_RUNS};
+use super::state_machine::CurrentSnapshot;
+use super::store::{StoreError, LOG, RAFT_META, RECORDS, RECORD_RUNS, SNAPSHOTS};
 use crate::raft::types::{Command, LogId, TypeConfig};
 
 type KeyedTable<'txn> = Table<'txn, (&'static str, u64), &'static [u8]>;
@@ -275,20 +279,37 @@ impl RecordLog for RecordWriter<'_, '_> {
 
     fn remove_before(&mut self, offset: Offset) -> Result<(), StoreError> {
         self.flush()?;
-        let group = self.group;
-        // A run that straddles `offset` starts at `offset` from now on.
-        if let Some((base, run)) = run_at(&self.runs, group, offset)? {
-            if base < offset {
-                self.runs.remove((group, base.0))?;
-                let rest = run.skip(offset.0 - base.0);
-                self.runs.insert((group, offset.0), postcard::to_stdvec(&rest)?.as_slice())?;
-            }
-        }
-        self.runs.retain_in((group, 0)..(group, offset.0), |_, _| false)?;
-        self.txn.open_table(RECORDS)?.retain_in((group, 0)..(group, offset.0), |_, _| false)?;
-        // Entries that now hold no retained record go too, if purged.
-        delete_unused_log(self.txn, &self.runs, group)
+        // The current snapshot keeps its records (a follower may need them)
+        // until a newer snapshot replaces it.
+        let kept = CurrentSnapshot::read(&self.txn.open_table(SNAPSHOTS)?, self.group)?
+            .map_or(u64::MAX, |snapshot| snapshot.records_from);
+        forget_runs_before(self.txn, &mut self.runs, self.group, Offset(offset.0.min(kept)))
     }
+}
+
+/// Delete `group`'s records below `offset`: their runs (a run across
+/// `offset` is cut), their copies, and the log entries that then hold no
+/// record (if purged).
+pub(crate) fn forget_before(txn: &redb::WriteTransaction, group: &str, offset: Offset) -> Result<(), StoreError> {
+    forget_runs_before(txn, &mut txn.open_table(RECORD_RUNS)?, group, offset)
+}
+
+fn forget_runs_before(
+    txn: &redb::WriteTransaction,
+    runs: &mut KeyedTable<'_>,
+    group: &str,
+    offset: Offset,
+) -> Result<(), StoreError> {
+    if let Some((base, run)) = run_at(runs, group, offset)? {
+        if base < offset {
+            runs.remove((group, base.0))?;
+            let rest = run.skip(offset.0 - base.0);
+            runs.insert((group, offset.0), postcard::to_stdvec(&rest)?.as_slice())?;
+        }
+    }
+    runs.retain_in((group, 0)..(group, offset.0), |_, _| false)?;
+    txn.open_table(RECORDS)?.retain_in((group, 0)..(group, offset.0), |_, _| false)?;
+    delete_unused_log(txn, runs, group)
 }
 
 /// Records of one partition in a read transaction (used by reads).
@@ -354,6 +375,31 @@ pub(crate) fn replace_with_copies(
     }
     if let Some((base, count)) = run {
         runs.insert((group, base.0), postcard::to_stdvec(&Run::Copied { count })?.as_slice())?;
+    }
+    Ok(())
+}
+
+/// A data directory of an older keel kept every record in `RECORDS` and no
+/// runs: index those copies, once, when the group opens.
+pub(crate) fn index_copies_of_older_versions(
+    store: &super::store::NodeStore,
+    group: &str,
+    log_start: Offset,
+    high_watermark: Offset,
+) -> Result<(), StoreError> {
+    if log_start >= high_watermark {
+        return Ok(());
+    }
+    let unindexed = store.read(|txn| {
+        let no_runs = txn.open_table(RECORD_RUNS)?.range((group, 0)..=(group, u64::MAX))?.next().is_none();
+        Ok(no_runs && txn.open_table(RECORDS)?.get((group, log_start.0))?.is_some())
+    })?;
+    if unindexed {
+        let run = postcard::to_stdvec(&Run::Copied { count: high_watermark.0 - log_start.0 })?;
+        store.write_now(true, |txn| {
+            txn.open_table(RECORD_RUNS)?.insert((group, log_start.0), run.as_slice())?;
+            Ok(())
+        })?;
     }
     Ok(())
 }

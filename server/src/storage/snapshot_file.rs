@@ -28,6 +28,20 @@ pub const CHUNK_BYTES: usize = 1024 * 1024;
 pub const ITEM_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// The row holding a snapshot's total length.
 const LENGTH_ROW: u64 = u64::MAX;
+/// Present once a snapshot is complete (see [`seal`]).
+const SEALED_ROW: u64 = u64::MAX - 1;
+
+/// Writes a snapshot's chunks when it is first read: a snapshot that is
+/// only state in the database until a follower needs its records.
+/// It returns whether the chunks are to go once this file has them open
+/// (a snapshot replaced while it was written out).
+pub struct Deferred(Box<dyn FnOnce() -> Result<bool, StoreError> + Send + Sync>);
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deferred")
+    }
+}
 
 /// A snapshot's bytes under one key in the node's database.
 #[derive(Debug)]
@@ -44,6 +58,8 @@ pub struct SnapshotFile {
     /// The read transaction chunks are read through: it pins them, so a
     /// snapshot being streamed stays whole even if a newer one replaces it.
     view: Option<redb::ReadTransaction>,
+    /// Writes the chunks before the first read, if they are not written yet.
+    deferred: Option<Deferred>,
 }
 
 fn to_io(error: StoreError) -> io::Error {
@@ -54,7 +70,41 @@ impl SnapshotFile {
     /// An empty snapshot under `key` (any old chunks under it are removed).
     pub fn create(store: Arc<NodeStore>, key: String) -> Result<SnapshotFile, StoreError> {
         remove(&store, &key)?;
-        Ok(SnapshotFile { store, key, position: 0, length: 0, writing: None, reading: None, view: None })
+        Ok(SnapshotFile {
+            store,
+            key,
+            position: 0,
+            length: 0,
+            writing: None,
+            reading: None,
+            view: None,
+            deferred: None,
+        })
+    }
+
+    /// The snapshot under `key`, whose chunks `fill` writes (then seals)
+    /// before it is first read or sought. If `fill` returns true, the chunks
+    /// are removed once this file holds them open: it still reads them.
+    pub fn deferred(
+        store: Arc<NodeStore>,
+        key: String,
+        fill: impl FnOnce() -> Result<bool, StoreError> + Send + Sync + 'static,
+    ) -> SnapshotFile {
+        let deferred = Some(Deferred(Box::new(fill)));
+        SnapshotFile { store, key, position: 0, length: 0, writing: None, reading: None, view: None, deferred }
+    }
+
+    /// Write the chunks of a deferred snapshot, then read them from here.
+    fn ready(&mut self) -> Result<(), StoreError> {
+        if let Some(Deferred(fill)) = self.deferred.take() {
+            let stale = fill()?;
+            let opened = SnapshotFile::open(self.store.clone(), self.key.clone())?;
+            (self.length, self.view, self.reading) = (opened.length, opened.view, None);
+            if stale {
+                remove(&self.store, &self.key)?;
+            }
+        }
+        Ok(())
     }
 
     /// The snapshot stored under `key`.
@@ -65,7 +115,16 @@ impl SnapshotFile {
             let row = table.get((key.as_str(), LENGTH_ROW))?;
             row.map_or(0, |v| u64::from_le_bytes(v.value().try_into().unwrap_or([0; 8])))
         };
-        Ok(SnapshotFile { store, key, position: 0, length, writing: None, reading: None, view: Some(view) })
+        Ok(SnapshotFile {
+            store,
+            key,
+            position: 0,
+            length,
+            writing: None,
+            reading: None,
+            view: Some(view),
+            deferred: None,
+        })
     }
 
     /// The key the chunks are stored under.
@@ -113,6 +172,7 @@ impl SnapshotFile {
 
     /// Copy bytes at the current position into `out`; 0 at the end.
     fn read_here(&mut self, out: &mut [u8]) -> Result<usize, StoreError> {
+        self.ready()?;
         if self.position >= self.length || out.is_empty() {
             return Ok(0);
         }
@@ -171,6 +231,7 @@ impl SnapshotFile {
 
     /// Read the next length-prefixed item, or `None` at the end.
     pub fn read_item<T: DeserializeOwned>(&mut self) -> Result<Option<T>, StoreError> {
+        self.ready()?;
         if self.position >= self.length {
             return Ok(None);
         }
@@ -189,6 +250,19 @@ impl SnapshotFile {
     pub fn rewind(&mut self) {
         self.position = 0;
     }
+}
+
+/// Mark the snapshot under `key` complete (after [`SnapshotFile::finish`]).
+pub fn seal(store: &NodeStore, key: &str) -> Result<(), StoreError> {
+    store.write_now(false, |txn| {
+        txn.open_table(SNAPSHOT_CHUNKS)?.insert((key, SEALED_ROW), [].as_slice())?;
+        Ok(())
+    })
+}
+
+/// Whether the snapshot under `key` is complete.
+pub fn is_sealed(store: &NodeStore, key: &str) -> Result<bool, StoreError> {
+    store.read(|txn| Ok(txn.open_table(SNAPSHOT_CHUNKS)?.get((key, SEALED_ROW))?.is_some()))
 }
 
 /// Copy the chunks under `from` to `to` (replacing what `to` held), one
@@ -285,6 +359,7 @@ impl AsyncWrite for SnapshotFile {
 impl AsyncSeek for SnapshotFile {
     fn start_seek(self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
         let this = self.get_mut();
+        this.ready().map_err(to_io)?;
         let target = match position {
             SeekFrom::Start(offset) => Some(offset),
             SeekFrom::End(delta) => this.length.checked_add_signed(delta),

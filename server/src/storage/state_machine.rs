@@ -58,10 +58,14 @@ pub struct GroupStateMachine {
     applied_notify: Option<Arc<tokio::sync::Notify>>,
     /// Counts snapshot streams received, for their chunk keys.
     incoming_streams: Arc<std::sync::atomic::AtomicU64>,
+    /// Held while a snapshot's stream is written out (one at a time: two
+    /// followers may need the same snapshot at once).
+    writing_out: Arc<Mutex<()>>,
 }
 
 // A snapshot stream is the `Applied` header, then (for partitions) every
-// stored record, each a separate item (see `snapshot_file`).
+// record from its log start to its high watermark, each a separate item
+// (see `snapshot_file`).
 
 fn sm_error(verb: ErrorVerb) -> impl FnOnce(StoreError) -> StorageError {
     move |e| io_error(ErrorSubject::StateMachine, verb, e)
@@ -84,6 +88,9 @@ impl GroupStateMachine {
         })?;
         let applied =
             stored.unwrap_or(Applied { last_applied: None, membership: StoredMembership::default(), state: initial });
+        if let GroupState::Partition(partition) = &applied.state {
+            records::index_copies_of_older_versions(&store, &group, partition.log_start(), partition.high_watermark())?;
+        }
         Ok(GroupStateMachine {
             store,
             group,
@@ -92,6 +99,7 @@ impl GroupStateMachine {
             state: Arc::new(Mutex::new(applied.state)),
             applied_notify: None,
             incoming_streams: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            writing_out: Arc::new(Mutex::new(())),
         })
     }
 
@@ -193,17 +201,18 @@ impl GroupStateMachine {
         Ok(responses)
     }
 
+    /// Build a snapshot: only the state, as of the last applied entry. Its
+    /// records stay where they are (the log, or copies from an earlier
+    /// install), kept from the snapshot's log start on while it is current,
+    /// and are written out only if a follower needs the snapshot.
     async fn build(&self) -> Result<Snapshot<TypeConfig>, StoreError> {
         // The log may be purged up to this snapshot: make the state durable.
         self.store.flush().await?;
-        // The state and the records as of one committed transaction, so the
-        // snapshot is consistent with its own last_log_id.
-        let view = self.store.db()?.begin_read()?;
-        let row = view.open_table(STATE)?.get(self.group.as_str())?.map(|v| v.value().to_vec());
-        let applied: Applied = match row {
-            Some(bytes) => postcard::from_bytes(&bytes)?,
-            None => self.applied(),
-        };
+        let stored: Option<Applied> = self.store.read(|txn| {
+            let value = txn.open_table(STATE)?.get(self.group.as_str())?;
+            Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
+        })?;
+        let applied = stored.unwrap_or_else(|| self.applied());
         let snapshot_id = match applied.last_applied {
             Some(log_id) => format!("{}-{}", log_id.leader_id, log_id.index),
             None => "empty".to_string(),
@@ -213,54 +222,77 @@ impl GroupStateMachine {
             last_membership: applied.membership.clone(),
             snapshot_id,
         };
-        let key = format!("{}/snapshot-{}", self.group, meta.snapshot_id);
-        let mut file = SnapshotFile::create(self.store.clone(), key)?;
-        file.write_item(&applied)?;
-        if let GroupState::Partition(partition) = &applied.state {
-            // One record in memory at a time.
-            let reader = RecordReader::new(&view, self.group.as_str())?;
-            let mut offset = partition.log_start();
-            #[allow(unused_mut)]
-            let mut end = partition.high_watermark();
-            #[cfg(madsim)]
-            if keel_core::planted::is_planted(keel_core::planted::Bug::SnapshotDropsLastRecord) && end > offset {
-                end = Offset(end.0 - 1);
-            }
-            while offset < end {
-                if let Some(record) = reader.get(offset)? {
-                    file.write_item(&record)?;
-                }
-                offset = Offset(offset.0 + 1);
-            }
-        }
-        drop(view);
-        file.finish()?;
-        self.make_current(&meta, file.key()).await?;
+        let current = CurrentSnapshot::new(meta.clone(), &self.group, &applied)?;
+        self.make_current(current.clone()).await?;
         self.store.ledger().snapshot_built();
-        file.rewind();
-        Ok(Snapshot { meta, snapshot: Box::new(file) })
+        Ok(Snapshot { meta, snapshot: Box::new(self.deferred_file(current)?) })
     }
 
-    /// Record `key` as this group's current snapshot (durably), unless the
-    /// current one is newer (a build can finish after an install); drop
-    /// whichever snapshot lost.
-    async fn make_current(&self, meta: &SnapshotMeta, key: &str) -> Result<(), StoreError> {
-        let (group, saved, key_owned, last) =
-            (self.group.clone(), postcard::to_stdvec(&(meta, key))?, key.to_string(), meta.last_log_id);
+    /// The snapshot's stream, written out from the state and the records
+    /// it keeps when first read (once: later reads find it sealed). The
+    /// records are read as of now (`view`): a newer snapshot may let them
+    /// go before this one is read.
+    fn deferred_file(&self, current: CurrentSnapshot) -> Result<SnapshotFile, StoreError> {
+        let view = self.store.db()?.begin_read()?;
+        let (store, group, key, lock) =
+            (self.store.clone(), self.group.clone(), current.key.clone(), self.writing_out.clone());
+        Ok(SnapshotFile::deferred(self.store.clone(), current.key.clone(), move || {
+            let _one_at_a_time = lock.lock().expect("snapshot write-out");
+            let still_current = |store: &NodeStore| -> Result<bool, StoreError> {
+                let now = store.read(|txn| CurrentSnapshot::read(&txn.open_table(SNAPSHOTS)?, &group))?;
+                Ok(now.is_some_and(|now| now.key == key))
+            };
+            if snapshot_file::is_sealed(&store, &key)? {
+                return Ok(!still_current(&store)?);
+            }
+            let applied: Applied = postcard::from_bytes(&current.head)?;
+            let mut file = SnapshotFile::create(store.clone(), key.clone())?;
+            file.write_item(&applied)?;
+            if let GroupState::Partition(partition) = &applied.state {
+                // One record in memory at a time.
+                let reader = RecordReader::new(&view, &group)?;
+                let mut offset = partition.log_start();
+                #[allow(unused_mut)]
+                let mut end = partition.high_watermark();
+                #[cfg(madsim)]
+                if keel_core::planted::is_planted(keel_core::planted::Bug::SnapshotDropsLastRecord) && end > offset {
+                    end = Offset(end.0 - 1);
+                }
+                while offset < end {
+                    let Some(record) = reader.get(offset)? else {
+                        return Err(StoreError::Inconsistent(format!(
+                            "{group}'s snapshot keeps offsets from {}, but offset {offset} is not stored",
+                            partition.log_start()
+                        )));
+                    };
+                    file.write_item(&record)?;
+                    offset = Offset(offset.0 + 1);
+                }
+            }
+            drop(view);
+            file.finish()?;
+            snapshot_file::seal(&store, &key)?;
+            Ok(!still_current(&store)?)
+        }))
+    }
+
+    /// Make `current` this group's snapshot (durably), unless the current
+    /// one is newer (a build can finish after an install); drop whichever
+    /// snapshot lost, and the records no snapshot keeps any more.
+    async fn make_current(&self, current: CurrentSnapshot) -> Result<(), StoreError> {
+        let (group, row) = (self.group.clone(), postcard::to_stdvec(&current)?);
+        let (key, last) = (current.key.clone(), current.meta.last_log_id);
         let loser = self
             .store
             .write(true, move |txn| {
-                let mut table = txn.open_table(SNAPSHOTS)?;
-                let current: Option<(SnapshotMeta, String)> =
-                    table.get(group.as_str())?.map(|v| postcard::from_bytes(v.value())).transpose()?;
-                match current {
+                let previous = CurrentSnapshot::read(&txn.open_table(SNAPSHOTS)?, &group)?;
+                match previous {
                     // A newer snapshot is current: this build lost.
-                    Some((current_meta, current_key)) if current_meta.last_log_id > last => {
-                        Ok((key_owned != current_key).then_some(key_owned))
-                    }
-                    current => {
-                        table.insert(group.as_str(), saved.as_slice())?;
-                        Ok(current.map(|(_, k)| k).filter(|k| *k != key_owned))
+                    Some(previous) if previous.meta.last_log_id > last => Ok((key != previous.key).then_some(key)),
+                    previous => {
+                        txn.open_table(SNAPSHOTS)?.insert(group.as_str(), row.as_slice())?;
+                        records::forget_before(txn, &group, Offset(current.records_from))?;
+                        Ok(previous.map(|p| p.key).filter(|k| *k != key))
                     }
                 }
             })
@@ -271,11 +303,14 @@ impl GroupStateMachine {
         Ok(())
     }
 
-    fn current_key(&self) -> Result<Option<(SnapshotMeta, String)>, StoreError> {
-        self.store.read(|txn| {
-            let value = txn.open_table(SNAPSHOTS)?.get(self.group.as_str())?;
-            Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
-        })
+    fn current_snapshot(&self) -> Result<Option<CurrentSnapshot>, StoreError> {
+        self.store.read(|txn| CurrentSnapshot::read(&txn.open_table(SNAPSHOTS)?, &self.group))
+    }
+
+    /// The offset from which this group's current snapshot keeps records
+    /// (`None` without a snapshot, or for the metadata group).
+    pub fn snapshot_keeps_from(&self) -> Result<Option<Offset>, StoreError> {
+        Ok(self.current_snapshot()?.map(|c| Offset(c.records_from)).filter(|o| o.0 != u64::MAX))
     }
 
     /// A fresh key for a snapshot being received (one per stream).
@@ -291,12 +326,15 @@ impl GroupStateMachine {
         let applied: Applied = file.read_item()?.ok_or_else(|| StoreError::Snapshot("the snapshot is empty".into()))?;
         while file.read_item::<StoredRecord>()?.is_some() {}
         let received = file.key().to_string();
-        let key = format!("{}/snapshot-{}", self.group, meta.snapshot_id);
+        let current = CurrentSnapshot::new(meta.clone(), &self.group, &applied)?;
+        let key = current.key.clone();
+        // The stream received is the snapshot written out: kept, sealed, to
+        // send on without writing it again.
         snapshot_file::copy(&self.store, &received, &key)?;
+        snapshot_file::seal(&self.store, &key)?;
         let mut reader = SnapshotFile::open(self.store.clone(), key.clone())?;
         reader.read_item::<Applied>()?;
-        let (group, row, saved) =
-            (self.group.clone(), postcard::to_stdvec(&applied)?, postcard::to_stdvec(&(meta, &key))?);
+        let (group, row, saved) = (self.group.clone(), postcard::to_stdvec(&applied)?, postcard::to_stdvec(&current)?);
         // One durable transaction replaces the records and the state and
         // makes this snapshot current; the records are read a chunk at a time.
         let previous = self
@@ -305,11 +343,9 @@ impl GroupStateMachine {
                 let group = group.as_str();
                 records::replace_with_copies(txn, group, || reader.read_item::<StoredRecord>())?;
                 txn.open_table(STATE)?.insert(group, row.as_slice())?;
-                let mut snapshots = txn.open_table(SNAPSHOTS)?;
-                let previous: Option<(SnapshotMeta, String)> =
-                    snapshots.get(group)?.map(|v| postcard::from_bytes(v.value())).transpose()?;
-                snapshots.insert(group, saved.as_slice())?;
-                Ok(previous.map(|(_, k)| k))
+                let previous = CurrentSnapshot::read(&txn.open_table(SNAPSHOTS)?, group)?;
+                txn.open_table(SNAPSHOTS)?.insert(group, saved.as_slice())?;
+                Ok(previous.map(|p| p.key))
             })
             .await?;
         for stale in previous.into_iter().filter(|k| *k != key).chain([received]) {
@@ -324,9 +360,45 @@ impl GroupStateMachine {
     }
 
     fn current(&self) -> Result<Option<Snapshot<TypeConfig>>, StoreError> {
-        let Some((meta, key)) = self.current_key()? else { return Ok(None) };
-        let file = SnapshotFile::open(self.store.clone(), key)?;
-        Ok(Some(Snapshot { meta, snapshot: Box::new(file) }))
+        let Some(current) = self.current_snapshot()? else { return Ok(None) };
+        let meta = current.meta.clone();
+        Ok(Some(Snapshot { meta, snapshot: Box::new(self.deferred_file(current)?) }))
+    }
+}
+
+/// A group's current snapshot, as stored: its state, and from which offset
+/// the records it covers are kept (they are written out with the state
+/// only when the snapshot is read).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct CurrentSnapshot {
+    meta: SnapshotMeta,
+    /// Where its stream is (or will be) written out.
+    key: String,
+    /// Records from this offset on are kept while this snapshot is current
+    /// (`u64::MAX`: none, for the metadata group).
+    pub(crate) records_from: u64,
+    /// postcard(`Applied`).
+    head: Vec<u8>,
+}
+
+impl CurrentSnapshot {
+    fn new(meta: SnapshotMeta, group: &str, applied: &Applied) -> Result<Self, StoreError> {
+        let key = format!("{group}/snapshot-{}", meta.snapshot_id);
+        let records_from = match &applied.state {
+            GroupState::Partition(partition) => partition.log_start().0,
+            GroupState::Metadata(_) => u64::MAX,
+        };
+        Ok(CurrentSnapshot { meta, key, records_from, head: postcard::to_stdvec(applied)? })
+    }
+
+    /// `group`'s current snapshot. A row this version cannot read (written
+    /// by an older one) counts as none: openraft then builds one anew.
+    pub(crate) fn read(
+        table: &impl ReadableTable<&'static str, &'static [u8]>,
+        group: &str,
+    ) -> Result<Option<Self>, StoreError> {
+        let value = table.get(group)?;
+        Ok(value.and_then(|v| postcard::from_bytes(v.value()).ok()))
     }
 }
 
