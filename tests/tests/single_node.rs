@@ -136,7 +136,8 @@ fn retention_by_size_moves_the_log_start() {
     let dir = tempfile::TempDir::new().unwrap();
     let address = format!("127.0.0.1:{}", free_port());
     let _broker = Broker::start(dir.path(), &address, &["--retention-check-interval", "200ms"]);
-    cli_ok(&address, &["topic", "create", "kept", "--retention-bytes", "2KiB"], "");
+    let created = cli_ok(&address, &["topic", "create", "kept", "--retention-bytes", "2KiB"], "");
+    assert!(created.contains("2.0 KiB"), "the retention is shown: {created}");
     // 40 records of 100 bytes: 4,000 bytes, twice the limit.
     let lines: String = (0..40).map(|i| format!("{i:03}{}\n", "x".repeat(97))).collect();
     cli_ok(&address, &["produce", "kept"], &lines);
@@ -144,6 +145,8 @@ fn retention_by_size_moves_the_log_start() {
     let log_start = || {
         let described: serde_json::Value =
             serde_json::from_str(&cli_ok(&address, &["topic", "describe", "kept", "--json"], "")).unwrap();
+        assert_eq!(described[0]["retention_bytes"], 2048, "{described}");
+        assert!(described[0]["retention_ms"].is_null(), "no age limit: {described}");
         described[0]["partitions"][0]["log_start"].as_u64().unwrap()
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

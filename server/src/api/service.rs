@@ -221,6 +221,8 @@ impl KeelService {
             replication_factor: info.replication_factor,
             partitions,
             id: info.id,
+            retention_ms: info.retention.max_age_ms,
+            retention_bytes: info.retention.max_bytes,
         }
     }
 }

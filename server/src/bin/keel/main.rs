@@ -648,22 +648,29 @@ fn print_topics(topics: &[pb::TopicDescription], json: bool) {
                     .iter()
                     .map(|p| serde_json::json!({"partition": p.partition, "replicas": p.replicas, "leader": p.leader, "voters": p.voters, "log_start": p.log_start, "high_watermark": p.high_watermark}))
                     .collect();
-                serde_json::json!({"name": t.name, "replication_factor": t.replication_factor, "partitions": partitions})
+                serde_json::json!({"name": t.name, "replication_factor": t.replication_factor, "retention_ms": t.retention_ms, "retention_bytes": t.retention_bytes, "partitions": partitions})
             })
             .collect();
         println!("{}", serde_json::Value::Array(topics));
         return;
     }
     println!(
-        "{:<24} {:>9} {:<16} {:>7} {:>10} {:>14}",
+        "{:<24} {:>9} {:<16} {:>7} {:>10} {:>14}  RETENTION",
         "TOPIC", "PARTITION", "REPLICAS", "LEADER", "LOG START", "HIGH WATERMARK"
     );
     for topic in topics {
+        let age =
+            topic.retention_ms.map(|ms| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string());
+        let size = topic.retention_bytes.map(|bytes| bytesize::ByteSize::b(bytes).display().iec().to_string());
+        let retention = match (age, size) {
+            (None, None) => "-".to_string(),
+            (age, size) => [age, size].into_iter().flatten().collect::<Vec<_>>().join(", "),
+        };
         for p in &topic.partitions {
             let replicas = p.replicas.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
             let leader = if p.leader == 0 { "-".to_string() } else { p.leader.to_string() };
             println!(
-                "{:<24} {:>9} {:<16} {:>7} {:>10} {:>14}",
+                "{:<24} {:>9} {:<16} {:>7} {:>10} {:>14}  {retention}",
                 topic.name, p.partition, replicas, leader, p.log_start, p.high_watermark
             );
         }
