@@ -5,9 +5,11 @@
 //! - every log entry openraft was told is persisted is still there (G1),
 //!   and so is the last vote that was saved;
 //! - the state machine is never behind the purge point, and it agrees with
-//!   the log: its records are exactly the applied entries' records;
+//!   the log: its records are exactly the applied entries' records from
+//!   its log start on (retention entries move it, deleting log entries);
 //! - the node keeps working: more appends and applies succeed.
 
+use keel_core::metadata::RetentionPolicy;
 use keel_core::partition::PartitionCommand;
 use keel_core::record::Record;
 use keel_core::{Limits, Offset, TimestampMs};
@@ -36,12 +38,25 @@ impl Choices {
     }
 }
 
+/// Every seventh entry applies retention (keep about the last 20 records),
+/// so the log start moves and log entries are deleted under power loss
+/// too; the others append one record, `value-{index}`.
+const RETENTION_EVERY: u64 = 7;
+
+/// The furthest log start a check saw: retention must have run.
+static RETAINED_AWAY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn entry(index: u64) -> Entry<TypeConfig> {
-    let records = vec![Record::from_value(format!("value-{index}").into_bytes())];
-    let request = Request {
-        at: TimestampMs(index),
-        command: Command::Partition(PartitionCommand::Append { producer: None, records }),
+    let command = if index % RETENTION_EVERY == 0 {
+        let keep_bytes = 20 * Record::from_value(format!("value-{index}").into_bytes()).size_bytes();
+        PartitionCommand::ApplyRetention { policy: RetentionPolicy { max_age_ms: None, max_bytes: Some(keep_bytes) } }
+    } else {
+        PartitionCommand::Append {
+            producer: None,
+            records: vec![Record::from_value(format!("value-{index}").into_bytes())],
+        }
     };
+    let request = Request { at: TimestampMs(index), command: Command::Partition(command) };
     Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
 }
 
@@ -96,19 +111,24 @@ async fn check(opened: &mut Opened, acknowledged: &Acknowledged, seed: u64) -> u
     let records = opened
         .state_machine
         .with_records(|state, reader| {
+            RETAINED_AWAY.fetch_max(state.log_start().0, std::sync::atomic::Ordering::Relaxed);
+            let appended = applied - applied / RETENTION_EVERY;
             assert_eq!(
                 state.high_watermark(),
-                Offset(applied),
-                "seed {seed}: high watermark disagrees with applied index"
+                Offset(appended),
+                "seed {seed}: high watermark disagrees with the entries applied"
             );
             state.read(reader, state.log_start(), 100_000, u64::MAX).unwrap()
         })
         .unwrap()
         .unwrap();
     for record in records {
+        // The n-th record (from 0) came from the n-th appending entry.
+        let n = record.offset.0;
+        let index = n + n / (RETENTION_EVERY - 1) + 1;
         assert_eq!(
             record.record.value,
-            format!("value-{}", record.offset.0 + 1).into_bytes(),
+            format!("value-{index}").into_bytes(),
             "seed {seed}: record disagrees with the log"
         );
     }
@@ -197,6 +217,8 @@ fn no_persisted_entry_is_lost_and_state_agrees_with_the_log() {
     for seed in 0..150 {
         runtime.block_on(run(seed));
     }
+    let furthest = RETAINED_AWAY.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(furthest > 0, "retention never moved a log start");
 }
 
 #[test]
