@@ -117,10 +117,13 @@ pub fn check(events: &[Event]) -> Verdict {
     let mut duplicates = 0;
     if complete {
         let canonical = canonical_logs(events, &mut findings);
-        lost_writes(&acked, &canonical, &mut findings);
-        on_a_majority(events, &acked, &mut findings);
+        // Records retention removed need neither survive nor be consumed.
+        let removed_below = removed_below(events);
+        let kept: Vec<Acked> = acked.iter().filter_map(|a| a.kept_from(&removed_below)).collect();
+        lost_writes(&kept, &canonical, &mut findings);
+        on_a_majority(events, &kept, &mut findings);
         no_duplicate_appends(&canonical, &mut findings);
-        duplicates = liveness(events, &acked, &mut findings);
+        duplicates = liveness(events, &kept, &mut findings);
         write_probes(events, &canonical, &mut findings);
     }
     findings.violations.sort_by_key(|v| v.guarantee);
@@ -133,11 +136,40 @@ pub fn check(events: &[Event]) -> Verdict {
 }
 
 /// An acknowledged produce: where its records must be.
+#[derive(Clone)]
 struct Acked {
     partition: Partition,
     base_offset: u64,
     values: Vec<String>,
     producer: u64,
+}
+
+impl Acked {
+    /// The records of this produce at or past the log start retention
+    /// moved its partition to (`None` if retention removed them all).
+    fn kept_from(&self, removed_below: &BTreeMap<Partition, u64>) -> Option<Acked> {
+        let start = removed_below.get(&self.partition).copied().unwrap_or(0);
+        let skip = start.saturating_sub(self.base_offset) as usize;
+        (skip < self.values.len()).then(|| Acked {
+            partition: self.partition.clone(),
+            base_offset: self.base_offset + skip as u64,
+            values: self.values[skip..].to_vec(),
+            producer: self.producer,
+        })
+    }
+}
+
+/// Per partition, the furthest log start a replica ended with: retention
+/// removed the records below it, by design.
+fn removed_below(events: &[Event]) -> BTreeMap<Partition, u64> {
+    let mut starts: BTreeMap<Partition, u64> = BTreeMap::new();
+    for event in events {
+        if let EventKind::ReplicaLog { topic, partition, log_start, .. } = &event.kind {
+            let start = starts.entry((topic.clone(), *partition)).or_insert(0);
+            *start = (*start).max(*log_start);
+        }
+    }
+    starts
 }
 
 fn acknowledged(events: &[Event]) -> Vec<Acked> {
@@ -191,12 +223,17 @@ fn canonical_logs(events: &[Event], findings: &mut Findings) -> BTreeMap<Partiti
     }
     let mut canonical = BTreeMap::new();
     for (partition, logs) in replicas {
-        let longest = logs.iter().max_by_key(|(broker, log)| (log.len(), std::cmp::Reverse(*broker))).map(|l| l.1);
-        let longest = longest.cloned().unwrap_or_default();
+        // The longest log reaches furthest; logs may start at different
+        // offsets (retention), so they are compared offset by offset.
+        let last = |log: &Vec<Seen>| log.last().map_or(0, |r| r.offset + 1);
+        let longest = logs.iter().max_by_key(|(broker, log)| (last(log), log.len(), std::cmp::Reverse(*broker)));
+        let longest = longest.map(|l| l.1.clone()).unwrap_or_default();
+        let by_offset: BTreeMap<u64, &Seen> = longest.iter().map(|r| (r.offset, r)).collect();
         for (broker, log) in &logs {
-            if let Some((index, (mine, theirs))) =
-                log.iter().zip(&longest).enumerate().find(|(_, (mine, theirs))| mine != theirs)
-            {
+            let differs = log.iter().enumerate().find_map(|(index, mine)| {
+                by_offset.get(&mine.offset).filter(|theirs| **theirs != mine).map(|theirs| (index, mine, *theirs))
+            });
+            if let Some((index, mine, theirs)) = differs {
                 findings.add(
                     Guarantee::G6,
                     format!(

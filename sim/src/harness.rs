@@ -149,6 +149,9 @@ pub struct RunReport {
 pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
     let mut scenario = Scenario::from_seed(seed, options.all_faults);
     if let Some(plant) = options.plant {
+        // Records retention removes are exempt from the checks a plant must
+        // trip: no retention in negative controls.
+        scenario.retention_bytes = None;
         scenario.enable(plant.needs());
         // Make the trigger frequent.
         scenario.fault_interval_ms = 800;
@@ -418,6 +421,7 @@ fn start_broker(
                 } else {
                     NodeConfig::new(id, address, address.to_string(), voters.clone())
                 };
+                config.retention_interval = Duration::from_secs(1);
                 if let Some(every) = snapshot_every {
                     config.raft.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(every);
                     // Purge right behind each snapshot: a replica that falls
@@ -611,6 +615,7 @@ async fn setup_topics(world: &World) {
             topic: topic.name.clone(),
             partitions: topic.partitions,
             replication_factor: topic.replication_factor,
+            retention_bytes: world.scenario.retention_bytes,
             ..Default::default()
         };
         while client.create_topic(request.clone()).await.is_err() {
@@ -1429,6 +1434,7 @@ fn lane_topics(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std
                 topic: topic.name.clone(),
                 partitions: topic.partitions,
                 replication_factor: topic.replication_factor,
+                retention_bytes: world.scenario.retention_bytes,
                 ..Default::default()
             };
             // Re-created even after the safety phase: the workload needs it.
@@ -1652,18 +1658,23 @@ fn current_topics(world: &World) -> BTreeSet<String> {
 fn unconsumed(world: &World) -> u64 {
     let events = world.recorder.events();
     let current = current_topics(world);
+    let log_starts = log_starts(world);
     let mut values = BTreeMap::new();
     let mut acked = BTreeSet::new();
     let mut delivered = BTreeSet::new();
     for event in &events {
         match &event.kind {
-            EventKind::ProduceInvoke { op, values: v, topic, .. } => {
-                values.insert(*op, (topic.clone(), v.clone()));
+            EventKind::ProduceInvoke { op, values: v, topic, partition, .. } => {
+                values.insert(*op, (topic.clone(), *partition, v.clone()));
             }
-            EventKind::ProduceOk { op, topic_id, .. } => {
-                if let Some((topic, v)) = values.get(op) {
-                    if current.contains(&topic_key(topic, *topic_id)) {
-                        acked.extend(v.iter().cloned());
+            EventKind::ProduceOk { op, topic_id, base_offset, .. } => {
+                if let Some((topic, partition, v)) = values.get(op) {
+                    let key = topic_key(topic, *topic_id);
+                    // Retention may remove records before anyone consumes them.
+                    let start = log_starts.get(&(key.clone(), *partition)).copied().unwrap_or(0);
+                    if current.contains(&key) {
+                        let kept = v.iter().enumerate().filter(|(i, _)| base_offset + *i as u64 >= start);
+                        acked.extend(kept.map(|(_, value)| value.clone()));
                     }
                 }
             }
@@ -1672,6 +1683,28 @@ fn unconsumed(world: &World) -> u64 {
         }
     }
     acked.difference(&delivered).count() as u64
+}
+
+/// The furthest log start any live replica has, per partition of the
+/// topics' current incarnations (`name@id`, partition).
+fn log_starts(world: &World) -> BTreeMap<(String, u32), u64> {
+    let mut starts = BTreeMap::new();
+    let Some(metadata) = newest_metadata(world) else { return starts };
+    for node in world.live_nodes() {
+        for (name, info) in metadata.topics() {
+            for index in 0..info.partitions.len() as u32 {
+                let partition = TopicPartition::new(name.clone(), PartitionIndex(index));
+                if node.partition_group(&partition) != Some(GroupId::Partition(partition.clone(), info.id)) {
+                    continue;
+                }
+                if let Some(state) = node.partition(&partition) {
+                    let start = starts.entry((topic_key(name.as_str(), info.id), index)).or_insert(0);
+                    *start = (*start).max(state.log_start().0);
+                }
+            }
+        }
+    }
+    starts
 }
 
 /// L1: within the bound, producers finish, every acknowledged record is

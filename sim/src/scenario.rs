@@ -198,6 +198,12 @@ pub struct Scenario {
     /// malformed produces; each must be refused and change nothing.
     #[serde(default)]
     pub hostile_clients: bool,
+    /// Every topic keeps at most this many bytes per partition: partition
+    /// leaders apply retention (checked every second), the log start moves
+    /// under producers and consumers, and log entries are deleted. Records
+    /// it removes need neither survive nor be consumed.
+    #[serde(default)]
+    pub retention_bytes: Option<u64>,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -251,6 +257,7 @@ impl Scenario {
             membership: false,
             topic_lifecycle: false,
             hostile_clients: false,
+            retention_bytes: None,
         }
         .with_later_lanes(&mut rng, all_faults)
     }
@@ -271,6 +278,9 @@ impl Scenario {
         self.membership = all_faults || rng.gen_bool(0.5);
         self.topic_lifecycle = all_faults || rng.gen_bool(0.5);
         self.hostile_clients = all_faults || rng.gen_bool(0.5);
+        if rng.gen_bool(0.5) {
+            self.retention_bytes = Some(rng.gen_range(40..=200));
+        }
         self
     }
 
@@ -297,7 +307,7 @@ impl Scenario {
             "seed {seed}: {brokers} brokers; topics {topics}; {producers} producers x {batches} batches of 1-{records} \
              records every {interval} ms{batching}; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
              hostile ack every {hostile}); \
-             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots};{membership}{hostile_client} \
+             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots};{membership}{hostile_client}{retention} \
              safety {safety} ms, liveness bound {liveness} ms",
             seed = self.seed,
             brokers = self.brokers,
@@ -322,6 +332,7 @@ impl Scenario {
                 (false, false) => "",
             },
             hostile_client = if self.hostile_clients { " a hostile client forges acks, polls and produces;" } else { "" },
+            retention = self.retention_bytes.map_or_else(String::new, |b| format!(" retention keeps {b} bytes per partition;")),
             max_faults = self.max_faults.map_or_else(String::new, |n| format!(", at most {n}")),
             snapshots = match self.snapshot_every {
                 Some(n) => format!("every {n} entries"),
