@@ -39,6 +39,14 @@ fn appending(index: u64) -> Entry<TypeConfig> {
     entry(index, PartitionCommand::AppendBatches { batches: (0..3).map(batch).collect() })
 }
 
+/// Entry `index` applies retention keeping the last `records` records
+/// (every record here is 7 bytes).
+fn keeping(index: u64, records: u64) -> Entry<TypeConfig> {
+    let size = Record::from_value(b"e1-b0-0".to_vec()).size_bytes();
+    let policy = RetentionPolicy { max_age_ms: None, max_bytes: Some(records * size) };
+    entry(index, PartitionCommand::ApplyRetention { policy })
+}
+
 struct Replica {
     store: std::sync::Arc<NodeStore>,
     log: LogStore,
@@ -106,9 +114,7 @@ async fn records_live_in_the_log_until_retention_passes_them() {
 
     // Retention keeps the last 6 records (offsets 6..12): entry 1 holds
     // none of them any more and goes; entry 2 holds offsets 6 and 7.
-    let size = Record::from_value(b"e1-b0-0".to_vec()).size_bytes();
-    let policy = RetentionPolicy { max_age_ms: None, max_bytes: Some(6 * size) };
-    replica.append_and_apply(vec![entry(4, PartitionCommand::ApplyRetention { policy })]).await;
+    replica.append_and_apply(vec![keeping(4, 6)]).await;
     let (start, records) = replica.records();
     assert_eq!(start, Offset(6));
     assert_eq!(values(&records), expected(1..=3)[6..].to_vec());
@@ -142,9 +148,7 @@ async fn a_replica_that_installs_a_snapshot_gets_the_records_copied() {
     // alike, and retention runs across both.
     follower.append_and_apply(vec![appending(4)]).await;
     assert_eq!(values(&follower.records().1), expected(1..=4));
-    let size = Record::from_value(b"e1-b0-0".to_vec()).size_bytes();
-    let policy = RetentionPolicy { max_age_ms: None, max_bytes: Some(5 * size) };
-    follower.append_and_apply(vec![entry(5, PartitionCommand::ApplyRetention { policy })]).await;
+    follower.append_and_apply(vec![keeping(5, 5)]).await;
     let (start, records) = follower.records();
     assert_eq!(start, Offset(11));
     assert_eq!(values(&records), expected(1..=4)[11..].to_vec());
@@ -162,9 +166,7 @@ async fn a_current_snapshot_keeps_its_records_until_a_newer_one_replaces_it() {
     let first = builder.build_snapshot().await.unwrap();
     leader.log.purge(log_id(3)).await.unwrap();
 
-    let size = Record::from_value(b"e1-b0-0".to_vec()).size_bytes();
-    let policy = RetentionPolicy { max_age_ms: None, max_bytes: Some(6 * size) };
-    leader.append_and_apply(vec![entry(4, PartitionCommand::ApplyRetention { policy })]).await;
+    leader.append_and_apply(vec![keeping(4, 6)]).await;
     assert_eq!(leader.records().0, Offset(6));
     assert!(leader.stored(1), "the current snapshot still covers entry 1's records");
 
