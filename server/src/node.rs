@@ -475,9 +475,14 @@ impl Node {
         &self.inner.clock
     }
 
+    /// Run `task` until it ends or the node shuts down. Handles of tasks
+    /// that ended are dropped here, so the list holds only running ones
+    /// (the duties spawn some every round).
     fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         let handle = tokio::spawn(task);
-        self.inner.tasks.lock().expect("tasks").push(handle);
+        let mut tasks = self.inner.tasks.lock().expect("tasks");
+        tasks.retain(|task| !task.is_finished());
+        tasks.push(handle);
     }
 
     async fn start_group(&self, group: GroupId, state_machine: GroupStateMachine) -> Result<Raft, StartError> {

@@ -185,7 +185,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
         let last_purged_log_id: Option<LogId> = self.read_meta("purged").map_err(log_error(ErrorVerb::Read))?;
         // Entries behind the purge point may still be stored (they hold
-        // retained records): the last entry is never one of those.
+        // retained records): if the last stored entry is one of them, the
+        // purge point is the last log id.
         let last_log_id = self.last_entry_id().map_err(log_error(ErrorVerb::Read))?.max(last_purged_log_id);
         Ok(LogState { last_purged_log_id, last_log_id })
     }
