@@ -254,6 +254,9 @@ struct NodeInner {
     membership_changes: Mutex<BTreeSet<GroupId>>,
     /// When retention was last checked on each partition group led here.
     retention_checked: Mutex<BTreeMap<GroupId, keel_core::MonotonicMs>>,
+    /// Partition groups with a retention proposal awaiting its outcome (at
+    /// most one each).
+    retention_proposed: Mutex<BTreeSet<GroupId>>,
     /// Produce requests waiting to share a Raft entry, per partition group.
     lanes: append::Lanes,
     metrics: crate::metrics::Metrics,
@@ -336,6 +339,7 @@ impl Node {
             cursors: Mutex::new(BTreeMap::new()),
             membership_changes: Mutex::new(BTreeSet::new()),
             retention_checked: Mutex::new(BTreeMap::new()),
+            retention_proposed: Mutex::new(BTreeSet::new()),
             lanes: append::Lanes::default(),
             metrics: crate::metrics::Metrics::new(),
             stop_servers: [Arc::new(Notify::new()), Arc::new(Notify::new())],

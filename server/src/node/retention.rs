@@ -64,8 +64,14 @@ impl Node {
             if !self.retention_due(partition, policy, self.inner.clock.now()) {
                 continue;
             }
+            if !self.inner.retention_proposed.lock().expect("retention proposals").insert(group.clone()) {
+                continue;
+            }
             let node = self.clone();
-            self.spawn(async move { node.apply_retention(group, policy).await });
+            self.spawn(async move {
+                node.apply_retention(group.clone(), policy).await;
+                node.inner.retention_proposed.lock().expect("retention proposals").remove(&group);
+            });
         }
     }
 
