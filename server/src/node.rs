@@ -71,6 +71,16 @@ pub const STREAMS_PER_CONNECTION_MAX: u32 = 4096;
 /// after the broker led once more.
 pub const DUTY_PROPOSAL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often a proposal still waiting for its answer checks that this
+/// broker still leads the group in the term it was submitted in. openraft
+/// 0.9 answers a proposal only when its entry is applied or truncated; a
+/// follower that installs a snapshot past its own uncommitted entries purges
+/// them without a word, and their callers would wait for ever. Found by the
+/// simulation (seed 6000240): a leader paused past an election took two
+/// appends, stepped down, installed a snapshot, and its partition's append
+/// lane, full of the two, took no write again.
+pub const PROPOSAL_LEADERSHIP_CHECK: Duration = Duration::from_millis(100);
+
 /// A gRPC server with keel's connection settings.
 fn server_builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
@@ -197,6 +207,11 @@ pub enum ProposeError {
     NotLeader { group: GroupId, leader: Option<NodeId>, address: Option<String> },
     #[error("group {group} failed: {reason}")]
     Raft { group: GroupId, reason: String },
+    #[error(
+        "this broker lost the lead of group {group} (term {term}) before the write was answered: the next \
+         leader may still apply it, so retry (an idempotent produce is not applied twice)"
+    )]
+    LeadershipLost { group: GroupId, term: u64 },
 }
 
 /// The claim this leader made for a group on one partition (soft state: a
@@ -213,6 +228,8 @@ pub struct Cursor {
 /// A command handed to Raft, its answer still to come.
 struct Submitted {
     group: GroupId,
+    /// The term this broker led the group in when it submitted the command.
+    term: u64,
     reply:
         <openraft::impls::OneshotResponder<TypeConfig> as openraft::raft::responder::Responder<TypeConfig>>::Receiver,
 }
@@ -646,16 +663,37 @@ impl Node {
     async fn submit(&self, group: &GroupId, command: Command) -> Result<Submitted, ProposeError> {
         let raft = self.raft(group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
         let request = Request { at: self.inner.clock.now(), command };
+        let term = raft.metrics().borrow().current_term;
         match raft.client_write_ff(request).await {
-            Ok(reply) => Ok(Submitted { group: group.clone(), reply }),
+            Ok(reply) => Ok(Submitted { group: group.clone(), term, reply }),
             Err(fatal) => Err(self.leader_address(membership::write_error(group, RaftError::Fatal(fatal)))),
         }
     }
 
-    /// Wait for a submitted command's applied outcome.
+    /// Wait for a submitted command's applied outcome, or until this broker
+    /// no longer leads the group in the term it was submitted in.
     async fn outcome(&self, submitted: Submitted) -> Result<Response, ProposeError> {
-        let Submitted { group, reply } = submitted;
-        match reply.await {
+        let Submitted { group, term, mut reply } = submitted;
+        let answer = loop {
+            tokio::select! {
+                biased;
+                answer = &mut reply => break answer,
+                () = tokio::time::sleep(PROPOSAL_LEADERSHIP_CHECK) => {
+                    let Some(raft) = self.raft(&group) else {
+                        return Err(ProposeError::Raft { group, reason: "the group stopped before answering".into() });
+                    };
+                    let leads = {
+                        let metrics = raft.metrics();
+                        let metrics = metrics.borrow();
+                        metrics.current_term == term && metrics.current_leader == Some(self.id())
+                    };
+                    if !leads {
+                        return Err(ProposeError::LeadershipLost { group, term });
+                    }
+                }
+            }
+        };
+        match answer {
             Ok(Ok(written)) => Ok(written.data),
             Ok(Err(error)) => Err(self.leader_address(membership::write_error(&group, RaftError::APIError(error)))),
             Err(_) => Err(ProposeError::Raft { group, reason: "the group stopped before answering".into() }),

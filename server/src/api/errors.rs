@@ -60,6 +60,7 @@ pub(super) fn not_leader(error: ProposeError) -> Status {
         }
         ProposeError::GroupNotHere { .. } => Status::failed_precondition(error.to_string()),
         ProposeError::Raft { .. } => Status::unavailable(format!("{error}: retry shortly")),
+        ProposeError::LeadershipLost { .. } => Status::unavailable(error.to_string()),
     }
 }
 

@@ -54,6 +54,7 @@ impl KeelService {
         call: impl std::future::Future<Output = Result<Response<T>, Status>>,
     ) -> Result<Response<T>, Status> {
         let started = tokio::time::Instant::now();
+        tracing::debug!(rpc, "request");
         // A removed broker's metadata is frozen: answering from it would
         // keep a client on stale groups and placements for good.
         let result = if self.node.removed_from_cluster() {
@@ -65,6 +66,7 @@ impl KeelService {
             call.await
         };
         let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
+        tracing::debug!(rpc, ?code, elapsed_ms = started.elapsed().as_millis() as u64, "answered");
         self.node.metrics().observe_request(rpc, code, started.elapsed().as_secs_f64());
         result
     }

@@ -109,12 +109,14 @@ impl Node {
             let (batches, replies): (Vec<_>, Vec<_>) = taken.into_iter().map(|w| (w.batch, w.reply)).unzip();
             self.metrics().append_entry(batches.len() as u64);
             let command = Command::Partition(PartitionCommand::AppendBatches { batches });
+            tracing::debug!(%group, batches = replies.len(), "submitting an entry of appends");
             match self.submit(&group, command).await {
                 Ok(submitted) => {
                     let node = self.clone();
                     let group = group.clone();
                     tokio::spawn(async move {
                         let outcome = node.outcome(submitted).await;
+                        tracing::debug!(%group, ok = outcome.is_ok(), "an entry of appends was answered");
                         node.entry_done(&group);
                         answer_each(&group, replies, outcome);
                     });

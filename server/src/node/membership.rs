@@ -71,6 +71,19 @@ pub(super) fn voters(raft: &Raft) -> BTreeSet<NodeId> {
     raft.metrics().borrow().membership_config.membership().voter_ids().collect()
 }
 
+/// Whether `me` leads the group as one of its voters. A leader that voted
+/// itself out stays "leader" in openraft's metrics until it steps down,
+/// but must change no membership again (openraft asserts this in debug
+/// builds; the simulation found a partition leader doing it after a move
+/// that took it out was followed by one that brought a new replica).
+fn leads_as_voter(raft: &Raft, me: NodeId) -> bool {
+    let metrics = raft.metrics();
+    let metrics = metrics.borrow();
+    metrics.current_leader == Some(me)
+        && metrics.state == openraft::ServerState::Leader
+        && metrics.membership_config.membership().voter_ids().any(|voter| voter == me)
+}
+
 /// Whether a group's effective membership names `node` (voter or learner).
 fn names(raft: &Raft, node: NodeId) -> bool {
     raft.metrics().borrow().membership_config.membership().get_node(&node).is_some()
@@ -529,7 +542,7 @@ impl Node {
             .map(|(g, h)| (g.clone(), h.raft.clone()))
             .collect();
         for (group, raft) in groups {
-            if raft.metrics().borrow().current_leader != Some(self.id()) {
+            if !leads_as_voter(&raft, self.id()) {
                 continue;
             }
             let Some(step) = Self::convergence(&metadata, &group, &raft) else { continue };

@@ -679,8 +679,38 @@ mod cli {
         Ok(summary.failures.is_empty())
     }
 
+    /// `KEEL_SIM_LOG=keel_server=debug` (a tracing filter) prints the
+    /// brokers' logs to stderr while a seed runs, to see why it failed.
+    /// Off by default: logs cost time and sweeps do not read them.
+    fn init_logs() {
+        let Ok(filter) = std::env::var("KEEL_SIM_LOG") else { return };
+        match tracing_subscriber::EnvFilter::try_new(&filter) {
+            Ok(filter) => tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .with_timer(SimulatedTime)
+                .init(),
+            Err(e) => eprintln!("KEEL_SIM_LOG={filter:?} is not a tracing filter ({e}); running without logs"),
+        }
+    }
+
+    /// Log lines carry the simulated time since the run began, in ms (the
+    /// `at_ms` of the history), not the wall clock.
+    struct SimulatedTime;
+
+    impl tracing_subscriber::fmt::time::FormatTime for SimulatedTime {
+        fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+            match madsim::time::TimeHandle::try_current() {
+                Some(time) => write!(w, "{:>8}ms", time.elapsed().as_millis()),
+                None => write!(w, "{:>10}", "-"),
+            }
+        }
+    }
+
     pub fn main() -> ExitCode {
         let cli = Cli::parse();
+        init_logs();
         let result = match cli.command {
             SimCommand::Run(args) => run(args, false),
             SimCommand::Replay(args) => run(args, true),
