@@ -10,6 +10,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_build::configure()
         .build_server(true)
         .build_client(true)
+        // A HashMap's first RandomState on a thread draws from madsim's RNG
+        // inside a simulation, so a seed would replay differently after
+        // another seed ran on the same thread: every map field is a BTreeMap.
+        .btree_map(["."])
         .file_descriptor_set_path(&descriptors)
         .compile_protos(&["proto/raft.proto", "proto/keel.proto"], &["proto"])?;
     Ok(())

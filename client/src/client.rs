@@ -135,6 +135,8 @@ struct Inner {
     channels: Mutex<BTreeMap<String, Channel>>,
     /// The last known leader address per route.
     leaders: Mutex<BTreeMap<Route, String>>,
+    /// Produce requests go on one stream per broker.
+    produce_streams: crate::produce_stream::ProduceStreams,
 }
 
 /// What a refusing broker said to do next.
@@ -184,6 +186,7 @@ impl Client {
                 brokers: Mutex::new(brokers),
                 channels: Mutex::new(BTreeMap::new()),
                 leaders: Mutex::new(BTreeMap::new()),
+                produce_streams: Default::default(),
             }),
         };
         Ok(client)
@@ -245,6 +248,16 @@ impl Client {
         F: Fn(KeelClient<Channel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        self.attempts(route, wait, |_, client| request(client)).await
+    }
+
+    /// The retry loop of [`Client::call_waiting`]; `request` is also told
+    /// the address it is sent to.
+    async fn attempts<T, F, Fut>(&self, route: Route, wait: Duration, request: F) -> Result<T, ClientError>
+    where
+        F: Fn(&str, KeelClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
         let attempt_timeout = self.inner.policy.request_timeout + wait;
         let policy = self.inner.policy;
         let started = tokio::time::Instant::now();
@@ -265,7 +278,7 @@ impl Client {
             let client = KeelClient::new(self.channel(&address)?)
                 .max_decoding_message_size(MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(MESSAGE_BYTES_MAX);
-            let attempt = match tokio::time::timeout(attempt_timeout, request(client)).await {
+            let attempt = match tokio::time::timeout(attempt_timeout, request(&address, client)).await {
                 Ok(result) => result,
                 Err(_) => Err(Status::deadline_exceeded(format!("no answer within {attempt_timeout:?}"))),
             };
@@ -440,12 +453,13 @@ impl Client {
         Ok(reset.position)
     }
 
-    /// Append a batch to one partition (its leader takes it).
+    /// Append a batch to one partition (its leader takes it), on the
+    /// client's produce stream to that broker.
     pub async fn produce(&self, request: pb::ProduceRequest) -> Result<pb::ProduceResponse, ClientError> {
         let route = Route::Partition(request.topic.clone(), request.partition);
-        self.call(route, |mut c| {
-            let r = request.clone();
-            async move { c.produce(r).await }
+        self.attempts(route, Duration::ZERO, |address, client| {
+            let (address, request) = (address.to_string(), request.clone());
+            async move { self.inner.produce_streams.produce(&address, client, request).await }
         })
         .await
     }

@@ -22,6 +22,7 @@
 mod batching;
 mod client;
 mod consumer;
+mod produce_stream;
 mod producer;
 
 pub use batching::{Ack, BatchingConfig, BatchingProducer, Delivered, SendError};

@@ -23,3 +23,56 @@ pub mod raft {
     #![allow(clippy::all)]
     tonic::include_proto!("keel.raft");
 }
+
+/// A status refused inside a ProduceStream travels as a message: these keep
+/// its code, message and ASCII metadata (the leader and retry hints).
+impl From<&tonic::Status> for v1::ProduceStreamError {
+    fn from(status: &tonic::Status) -> Self {
+        let metadata = status
+            .metadata()
+            .iter()
+            .filter_map(|entry| match entry {
+                tonic::metadata::KeyAndValueRef::Ascii(key, value) => {
+                    value.to_str().ok().map(|value| (key.as_str().to_string(), value.to_string()))
+                }
+                tonic::metadata::KeyAndValueRef::Binary(..) => None,
+            })
+            .collect();
+        v1::ProduceStreamError { code: status.code() as i32, message: status.message().to_string(), metadata }
+    }
+}
+
+impl v1::ProduceStreamError {
+    /// The status this error stands for.
+    pub fn into_status(self) -> tonic::Status {
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        for (key, value) in &self.metadata {
+            if let (Ok(key), Ok(value)) =
+                (key.parse::<tonic::metadata::AsciiMetadataKey>(), value.parse::<tonic::metadata::AsciiMetadataValue>())
+            {
+                metadata.insert(key, value);
+            }
+        }
+        tonic::Status::with_metadata(tonic::Code::from_i32(self.code), self.message, metadata)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::v1::ProduceStreamError;
+
+    #[test]
+    fn a_status_survives_the_trip_through_a_stream_error() {
+        let mut status = tonic::Status::failed_precondition("not the leader");
+        status.metadata_mut().insert("keel-leader", "2@10.0.0.2:7000".parse().unwrap());
+        status.metadata_mut().insert("keel-retry-after-ms", "100".parse().unwrap());
+        let back = ProduceStreamError::from(&status).into_status();
+        assert_eq!(back.code(), tonic::Code::FailedPrecondition);
+        assert_eq!(back.message(), "not the leader");
+        assert_eq!(back.metadata().get("keel-leader").unwrap(), "2@10.0.0.2:7000");
+        assert_eq!(back.metadata().get("keel-retry-after-ms").unwrap(), "100");
+        // A code this version does not know stays a failure, never OK.
+        let unknown = ProduceStreamError { code: 99, ..Default::default() }.into_status();
+        assert_eq!(unknown.code(), tonic::Code::Unknown);
+    }
+}

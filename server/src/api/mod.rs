@@ -13,8 +13,10 @@ mod admission;
 mod consumer;
 mod errors;
 mod groups;
+mod produce_stream;
 mod service;
 
 pub use admission::{RETRY_AFTER_METADATA, WRITE_BYTES_IN_FLIGHT_MAX};
 pub use errors::{LEADER_METADATA, REPLICAS_METADATA};
+pub use produce_stream::STREAM_REQUESTS_IN_FLIGHT_MAX;
 pub use service::{to_record, KeelService};

@@ -36,6 +36,7 @@ pub(super) fn read_budget(max_records: u32, max_bytes: u64) -> (u32, u64) {
 const LIVENESS_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The public API of one broker.
+#[derive(Clone)]
 pub struct KeelService {
     pub(super) node: Node,
     /// The bound on writes in flight.
@@ -48,7 +49,7 @@ impl KeelService {
     }
 
     /// Run one RPC and count it, with its status code and latency.
-    async fn timed<T>(
+    pub(super) async fn timed<T>(
         &self,
         rpc: &'static str,
         call: impl std::future::Future<Output = Result<Response<T>, Status>>,
@@ -268,7 +269,7 @@ impl KeelService {
         }
     }
 
-    async fn produce_call(
+    pub(super) async fn produce_call(
         &self,
         request: Request<pb::ProduceRequest>,
     ) -> Result<Response<pb::ProduceResponse>, Status> {
@@ -478,6 +479,15 @@ impl Keel for KeelService {
 
     async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
         self.timed("Produce", self.produce_call(request)).await
+    }
+
+    type ProduceStreamStream = super::produce_stream::ProduceAnswers;
+
+    async fn produce_stream(
+        &self,
+        request: Request<tonic::Streaming<pb::ProduceStreamRequest>>,
+    ) -> Result<Response<Self::ProduceStreamStream>, Status> {
+        Ok(Response::new(self.open_produce_stream(request.into_inner())))
     }
 
     async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
