@@ -15,7 +15,7 @@
 //! order that still fails wins, so a shrink is deterministic too.
 
 use crate::checkers::Guarantee;
-use crate::harness::{run_scenario, Plant, RunReport};
+use crate::harness::{check_determinism_requested, run_scenario, Plant, RunReport};
 use crate::scenario::{FaultKind, Scenario};
 
 /// Most runs one shrink spends, unless told otherwise.
@@ -124,7 +124,7 @@ fn first_still_failing(
             .into_iter()
             .map(|(name, scenario)| {
                 let run = scenario.clone();
-                (name, scenario, std::thread::spawn(move || run_scenario(run, plant, false)))
+                (name, scenario, std::thread::spawn(move || run_scenario(run, plant, check_determinism_requested())))
             })
             .collect();
         let mut found = None;
@@ -153,7 +153,7 @@ pub fn shrink(
     mut progress: impl FnMut(&str, &Scenario),
 ) -> Result<Shrunk, ShrinkError> {
     let seed = scenario.seed;
-    let first = run_scenario(scenario.clone(), plant, false);
+    let first = run_scenario(scenario.clone(), plant, check_determinism_requested());
     let Some(guarantee) = broken(&first) else { return Err(ShrinkError::NoFailure(seed)) };
     let mut runs = 1;
     let mut current = scenario.clone();

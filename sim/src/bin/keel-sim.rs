@@ -402,7 +402,7 @@ mod cli {
     ) -> Result<Option<(Shrunk, String)>, String> {
         let options = options(common)?;
         let scenario = scenario_for(seed, options);
-        let original = run_scenario(scenario.clone(), options.plant, false);
+        let original = run_scenario(scenario.clone(), options.plant, check_determinism_requested());
         if original.verdict.violations.is_empty() {
             return Ok(None);
         }
