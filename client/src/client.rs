@@ -24,6 +24,13 @@ pub struct RetryPolicy {
     /// Per-attempt timeout of a request that does not wait on purpose; a
     /// long poll gets its wait on top (see [`Client::call_waiting`]).
     pub request_timeout: Duration,
+    /// Give up at once when no broker known can be connected to at all
+    /// (connection refused, unknown host) or an address answers but is not
+    /// a keel broker, instead of retrying until the deadline. For
+    /// command-line tools, where waiting only hides a typo or a broker
+    /// that is not running; a long-lived application keeps retrying
+    /// through broker restarts.
+    pub give_up_when_unreachable: bool,
 }
 
 impl Default for RetryPolicy {
@@ -33,6 +40,7 @@ impl Default for RetryPolicy {
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(1000),
             request_timeout: Duration::from_secs(10),
+            give_up_when_unreachable: false,
         }
     }
 }
@@ -49,6 +57,20 @@ pub enum ClientError {
     GaveUp { deadline: Duration, last: String },
     #[error("broker address {address:?} is not usable: {reason}")]
     BadAddress { address: String, reason: String },
+    /// No broker could be connected to (with
+    /// [`RetryPolicy::give_up_when_unreachable`]).
+    #[error(
+        "cannot connect to {}: {reason}; check that a broker runs there, or give its client address \
+         with --broker (or KEEL_BROKER)", .addresses.join(", ")
+    )]
+    Unreachable { addresses: Vec<String>, reason: String },
+    /// Something answered at `address`, but not as a keel broker does (with
+    /// [`RetryPolicy::give_up_when_unreachable`]).
+    #[error(
+        "{address} is not a keel broker ({detail}); give a broker's client address (its --listen, not its \
+         metrics or internal address) with --broker"
+    )]
+    NotKeel { address: String, detail: String },
     #[error("no broker addresses were given")]
     NoBrokers,
     /// The partition forgot this producer (its state was evicted or
@@ -173,6 +195,47 @@ fn next_step(status: &Status) -> Next {
     }
 }
 
+/// Why the connection behind a failed request could not be made, if that
+/// is why it failed: refused, or the host is unknown. Attempts that timed
+/// out are not counted: the host may only be slow.
+fn connect_failure(status: &Status) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            match io.kind() {
+                ConnectionRefused => return Some("connection refused".to_string()),
+                AddrNotAvailable | HostUnreachable | NetworkUnreachable => return Some(io.to_string()),
+                _ => {}
+            }
+        }
+        let text = error.to_string();
+        if text.contains("dns error") || text.contains("failed to lookup address") {
+            return Some(format!("unknown host ({text})"));
+        }
+        source = error.source();
+    }
+    None
+}
+
+/// Whether a failed request reached something that is not a keel broker:
+/// an HTTP server without gRPC (a metrics port, say), or no HTTP/2 at all.
+fn not_keel(status: &Status) -> Option<String> {
+    let message = status.message();
+    if message.contains("grpc-status header missing") {
+        return Some(format!("it answered HTTP without gRPC: {message}"));
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = source {
+        let text = error.to_string();
+        if text.contains("frame with invalid size") {
+            return Some(format!("it does not speak HTTP/2: {text}"));
+        }
+        source = error.source();
+    }
+    None
+}
+
 impl Client {
     /// A client for the cluster reachable at `brokers` (`host:port`).
     /// Connections are made lazily.
@@ -264,11 +327,20 @@ impl Client {
         let mut backoff = policy.backoff_initial;
         let mut queue = self.candidates(&route);
         let mut last = String::from("no attempt made");
+        // Addresses of this pass over the candidates that could not be
+        // connected to, and whether any could.
+        let mut unreachable: Vec<String> = Vec::new();
+        let mut unreachable_reason = String::new();
+        let mut connected = false;
         loop {
             if started.elapsed() > policy.deadline {
                 return Err(ClientError::GaveUp { deadline: policy.deadline, last });
             }
             let Some(address) = queue.first().cloned() else {
+                if policy.give_up_when_unreachable && !connected && !unreachable.is_empty() {
+                    return Err(ClientError::Unreachable { addresses: unreachable, reason: unreachable_reason });
+                }
+                (unreachable, connected) = (Vec::new(), false);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(policy.backoff_max);
                 queue = self.candidates(&route);
@@ -289,6 +361,18 @@ impl Client {
                 }
                 Err(status) => {
                     last = format!("{address}: {}: {}", status.code(), status.message());
+                    if policy.give_up_when_unreachable {
+                        if let Some(detail) = not_keel(&status) {
+                            return Err(ClientError::NotKeel { address, detail });
+                        }
+                    }
+                    match connect_failure(&status) {
+                        Some(reason) => {
+                            unreachable.push(address.clone());
+                            unreachable_reason = reason;
+                        }
+                        None => connected = true,
+                    }
                     match next_step(&status) {
                         Next::Fail => return Err(ClientError::Refused(status)),
                         Next::Retry(hints) => {

@@ -347,6 +347,7 @@ impl World {
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(500),
             request_timeout: Duration::from_secs(2),
+            give_up_when_unreachable: false,
         };
         Client::new(brokers, policy).expect("broker addresses")
     }
@@ -1282,6 +1283,7 @@ fn lane_hostile(
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(200),
             request_timeout: Duration::from_secs(1),
+            give_up_when_unreachable: false,
         };
         let brokers = (1..=world.scenario.brokers).map(|id| broker_address(id).to_string()).collect();
         let client = Client::new(brokers, policy).expect("broker addresses");

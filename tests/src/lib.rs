@@ -116,7 +116,7 @@ impl Broker {
 
     /// Stop with SIGTERM (a graceful shutdown) and return its exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        signal(&self.child, rustix::process::Signal::TERM);
         self.child.wait().expect("wait for keel serve")
     }
 }
@@ -126,6 +126,13 @@ impl Drop for Broker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Send `signal` to a child process (no `kill` binary needed).
+pub fn signal(child: &Child, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's pid is positive");
+    // The process may have exited already; then there is nothing to stop.
+    let _ = rustix::process::kill_process(pid, signal);
 }
 
 /// A one-broker cluster on embedded defaults in a fresh directory, started

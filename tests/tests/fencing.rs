@@ -3,10 +3,10 @@
 //! resumes, its stale generation is fenced (it rejoins) and no committed
 //! position goes backwards (G4, G5).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use keel_tests::{cli, cli_ok, free_port, keel_binary, spawn_cli, Broker};
+use keel_tests::{cli, cli_ok, free_port, keel_binary, signal, spawn_cli, Broker};
+use rustix::process::Signal;
 
 /// The group's position on each partition it has a member for (none
 /// before the group exists).
@@ -27,10 +27,6 @@ fn positions(broker: &str) -> Vec<u64> {
         positions.extend(position);
     }
     positions
-}
-
-fn signal(pid: u32, name: &str) {
-    assert!(Command::new("kill").args([name, &pid.to_string()]).status().unwrap().success());
 }
 
 #[test]
@@ -57,7 +53,7 @@ fn a_paused_member_is_fenced_and_its_partitions_move_on() {
     let before = positions(&address);
 
     // Pause a past its session; b joins and must get everything new.
-    signal(a.id(), "-STOP");
+    signal(&a, Signal::STOP);
     let b =
         spawn_cli(&address, &["consume", "t", "--group", "g", "--member", "b", "--json", "--idle-timeout-ms", "4000"]);
     cli_ok(&address, &["produce", "t"], &(20..40).map(|i| format!("{i}\n")).collect::<String>());
@@ -75,7 +71,7 @@ fn a_paused_member_is_fenced_and_its_partitions_move_on() {
     }
 
     // a resumes: it must not move any committed position back.
-    signal(a.id(), "-CONT");
+    signal(&a, Signal::CONT);
     std::thread::sleep(Duration::from_secs(3));
     let after = positions(&address);
     assert!(after.iter().sum::<u64>() >= 40, "positions {after:?}");

@@ -15,7 +15,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use keel_client::{pb, BatchingConfig, BatchingProducer, Client, Consumer, RetryPolicy};
+use keel_client::{pb, BatchingConfig, BatchingProducer, Client, Consumer};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -91,8 +91,6 @@ pub struct ProduceBench {
     /// With --batching: most records per batch.
     #[arg(long, default_value_t = 1000)]
     batch_records: usize,
-    #[command(flatten)]
-    connection: Connection,
 }
 
 #[derive(Args)]
@@ -115,8 +113,6 @@ pub struct ConsumeBench {
     /// Records asked for per poll.
     #[arg(long, default_value_t = 500)]
     max_records: u32,
-    #[command(flatten)]
-    connection: Connection,
 }
 
 /// What a bench measured.
@@ -203,10 +199,10 @@ async fn show_rate(bar: ProgressBar, what: &'static str, done: Arc<AtomicU64>, s
     bar.finish_and_clear();
 }
 
-pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
+pub async fn run(command: BenchCommand, connection: &Connection) -> anyhow::Result<()> {
     match command {
-        BenchCommand::Produce(args) => produce(args).await,
-        BenchCommand::Consume(args) => consume(args).await,
+        BenchCommand::Produce(args) => produce(args, connection).await,
+        BenchCommand::Consume(args) => consume(args, connection).await,
     }
 }
 
@@ -230,7 +226,7 @@ impl Tally {
     }
 }
 
-async fn produce(args: ProduceBench) -> anyhow::Result<()> {
+async fn produce(args: ProduceBench, connection: &Connection) -> anyhow::Result<()> {
     anyhow::ensure!(args.record_size > 0, "--record-size must be at least 1");
     anyhow::ensure!((1..=IN_FLIGHT_MAX).contains(&args.in_flight), "--in-flight must be 1 to {IN_FLIGHT_MAX}");
     anyhow::ensure!(
@@ -238,7 +234,7 @@ async fn produce(args: ProduceBench) -> anyhow::Result<()> {
         "--records-per-request must be 1 to {RECORDS_PER_REQUEST_MAX}"
     );
     anyhow::ensure!(args.producers >= 1, "--producers must be at least 1");
-    let admin = Client::new(args.connection.broker.clone(), RetryPolicy::default())?;
+    let admin = connection.client()?;
     let topic = ensure_topic(&admin, &args.topic, args.partitions, args.replication_factor).await?;
     let partitions = topic.partitions.len() as u32;
     let record = pb::Record { value: vec![b'k'; args.record_size], ..Default::default() };
@@ -259,7 +255,7 @@ async fn produce(args: ProduceBench) -> anyhow::Result<()> {
     let shown = tokio::spawn(show_rate(progress("produce"), "produce", tally.all_records.clone(), stop.clone()));
     let mut slots = Vec::new();
     for producer in 0..args.producers {
-        let client = Client::new(args.connection.broker.clone(), RetryPolicy::default())?;
+        let client = connection.client()?;
         if args.batching {
             let config = BatchingConfig {
                 linger: args.linger,
@@ -340,7 +336,7 @@ async fn produce(args: ProduceBench) -> anyhow::Result<()> {
         first_error: tally.first_error.lock().expect("first error").clone(),
         ..Report::new("produce", records, bytes, seconds)
     };
-    report.print(args.connection.json);
+    report.print(connection.json);
     Ok(())
 }
 
@@ -415,14 +411,14 @@ async fn ensure_topic(
     Ok(described)
 }
 
-async fn consume(args: ConsumeBench) -> anyhow::Result<()> {
+async fn consume(args: ConsumeBench, connection: &Connection) -> anyhow::Result<()> {
     anyhow::ensure!(args.members >= 1, "--members must be at least 1");
     let consumed = Arc::new(AtomicU64::new(0));
     let bytes = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut members = Vec::new();
     for index in 0..args.members {
-        let client = Client::new(args.connection.broker.clone(), RetryPolicy::default())?;
+        let client = connection.client()?;
         let member = format!("keel-bench-{}-{index}", std::process::id());
         let consumer = Consumer::join(client, &args.group, &member, vec![args.topic.clone()], 10_000)
             .await
@@ -488,6 +484,6 @@ async fn consume(args: ConsumeBench) -> anyhow::Result<()> {
         first_error,
         ..Report::new("consume", records, bytes, seconds)
     };
-    report.print(args.connection.json);
+    report.print(connection.json);
     Ok(())
 }

@@ -2,12 +2,13 @@
 //! produce, read, cluster status).
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
+use std::io::{BufRead, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
+use futures_util::StreamExt;
 use keel_client::{pb, BatchingConfig, BatchingProducer, Client, Consumer, RetryPolicy};
 use keel_server::clock::Clock;
 use keel_server::node::{Node, NodeConfig};
@@ -23,6 +24,10 @@ mod bench;
     about = "keel: a Kafka-like message broker shown correct by deterministic simulation"
 )]
 struct Cli {
+    #[command(flatten)]
+    connection: Connection,
+    #[command(flatten)]
+    logging: Logging,
     #[command(subcommand)]
     command: Command,
 }
@@ -107,15 +112,99 @@ struct ServeArgs {
     retention_check_interval: Option<std::time::Duration>,
 }
 
+/// How client commands reach the cluster and print; accepted before or
+/// after the subcommand.
 #[derive(Args)]
 pub(crate) struct Connection {
-    /// Brokers of the cluster (host:port, comma-separated); the others are
-    /// discovered.
-    #[arg(long, env = "KEEL_BROKER", default_value = "127.0.0.1:7070", global = true, value_delimiter = ',')]
-    broker: Vec<String>,
+    /// Brokers of the cluster, by their client addresses (host:port,
+    /// comma-separated); the others are discovered.
+    #[arg(
+        long,
+        env = "KEEL_BROKER",
+        default_value = "127.0.0.1:7070",
+        global = true,
+        value_delimiter = ',',
+        value_parser = parse_broker_address
+    )]
+    pub(crate) broker: Vec<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
-    json: bool,
+    pub(crate) json: bool,
+    /// Give up on a request after this long (e.g. 5s, 1m); a broker that
+    /// refuses the connection fails the command at once.
+    #[arg(long, env = "KEEL_TIMEOUT", global = true, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub(crate) timeout: std::time::Duration,
+}
+
+impl Connection {
+    /// The retry policy of a command-line client: up to `--timeout`, and
+    /// no waiting on a cluster that cannot be reached at all.
+    pub(crate) fn policy(&self) -> RetryPolicy {
+        let defaults = RetryPolicy::default();
+        RetryPolicy {
+            deadline: self.timeout,
+            request_timeout: defaults.request_timeout.min(self.timeout),
+            give_up_when_unreachable: true,
+            ..defaults
+        }
+    }
+
+    /// A client of the brokers given.
+    pub(crate) fn client(&self) -> anyhow::Result<Client> {
+        Ok(Client::new(self.broker.clone(), self.policy())?)
+    }
+}
+
+/// Check a `--broker` address when the flags are parsed: `host:port`, no
+/// scheme, a port number.
+fn parse_broker_address(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if let Some((scheme, _)) = text.split_once("://") {
+        return Err(format!("give host:port without the {scheme}:// scheme"));
+    }
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err("expected host:port, e.g. 127.0.0.1:7070".to_string());
+    };
+    if host.is_empty() || host.contains(['/', ' ', '@']) {
+        return Err(format!("{host:?} is not a host name or address; expected host:port, e.g. 127.0.0.1:7070"));
+    }
+    match port.parse::<u16>() {
+        Ok(0) | Err(_) => Err(format!("{port:?} is not a port number (1-65535); expected host:port")),
+        Ok(_) => Ok(text.to_string()),
+    }
+}
+
+/// Log settings (brokers log to standard error).
+#[derive(Args)]
+struct Logging {
+    /// Log lines as text or as JSON objects, one a line.
+    #[arg(long, env = "KEEL_LOG_FORMAT", global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Log to standard error at the level `KEEL_LOG` asks for (a tracing
+/// filter, default `warn`), refusing a filter that does not parse; colour
+/// only on a terminal.
+fn start_logging(logging: &Logging) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let filter = match std::env::var("KEEL_LOG") {
+        Ok(text) => tracing_subscriber::EnvFilter::try_new(&text).map_err(|error| {
+            anyhow::anyhow!("KEEL_LOG={text:?} is not a log filter ({error}); use a level such as info or debug, or e.g. keel_server=debug,warn")
+        })?,
+        Err(_) => tracing_subscriber::EnvFilter::new("warn"),
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match logging.log_format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -133,22 +222,13 @@ enum TopicCommand {
         /// this (e.g. 10GiB, 500MB) [default: keep].
         #[arg(long)]
         retention_bytes: Option<bytesize::ByteSize>,
-        #[command(flatten)]
-        connection: Connection,
     },
-    List {
-        #[command(flatten)]
-        connection: Connection,
-    },
+    List,
     Describe {
         name: String,
-        #[command(flatten)]
-        connection: Connection,
     },
     Delete {
         name: String,
-        #[command(flatten)]
-        connection: Connection,
     },
     /// Move one partition's replicas to other brokers (to drain a broker
     /// before removing it). The partition's leader then changes the
@@ -160,8 +240,6 @@ enum TopicCommand {
         /// The new replicas, by broker id: ID,ID,...
         #[arg(long, value_delimiter = ',', required = true)]
         replicas: Vec<u64>,
-        #[command(flatten)]
-        connection: Connection,
     },
 }
 
@@ -171,8 +249,6 @@ struct ProduceArgs {
     /// Split each line at the first SEPARATOR into key and value.
     #[arg(long)]
     key_separator: Option<String>,
-    #[command(flatten)]
-    connection: Connection,
 }
 
 #[derive(Args)]
@@ -193,8 +269,6 @@ struct ConsumeArgs {
     /// Stop after this long without a record.
     #[arg(long)]
     idle_timeout_ms: Option<u64>,
-    #[command(flatten)]
-    connection: Connection,
 }
 
 #[derive(Args)]
@@ -206,18 +280,12 @@ struct ReadArgs {
     offset: u64,
     #[arg(long, default_value_t = 100)]
     max_records: u32,
-    #[command(flatten)]
-    connection: Connection,
 }
 
 #[derive(Subcommand)]
 enum GroupCommand {
     /// Members, assignment, committed position and lag per partition.
-    Describe {
-        name: String,
-        #[command(flatten)]
-        connection: Connection,
-    },
+    Describe { name: String },
     /// Set the group's position on every partition of a topic (the group
     /// must have no members): earliest, latest, or an offset.
     Reset {
@@ -226,17 +294,12 @@ enum GroupCommand {
         topic: String,
         #[arg(long, default_value = "earliest")]
         to: String,
-        #[command(flatten)]
-        connection: Connection,
     },
 }
 
 #[derive(Subcommand)]
 enum ClusterCommand {
-    Status {
-        #[command(flatten)]
-        connection: Connection,
-    },
+    Status,
     /// Move every replica off a broker and wait until no partition group
     /// names it (then it can be removed). Nothing new is placed on it.
     Drain {
@@ -244,58 +307,69 @@ enum ClusterCommand {
         /// Give up waiting after this many seconds (the drain goes on).
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
-        #[command(flatten)]
-        connection: Connection,
     },
     /// Remove a broker that holds no replicas (drain it first).
     RemoveBroker {
         id: u64,
-        #[command(flatten)]
-        connection: Connection,
     },
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    if let Err(error) = start_logging(&cli.logging) {
+        eprintln!("error: {error:#}");
+        return std::process::ExitCode::FAILURE;
+    }
     let result = tokio::runtime::Runtime::new()
         .map_err(anyhow::Error::from)
-        .and_then(|runtime| runtime.block_on(run(cli.command)));
+        .and_then(|runtime| runtime.block_on(run(cli.command, &cli.connection)));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            eprintln!("error: {}", explain(&error, &cli.connection));
             std::process::ExitCode::FAILURE
         }
     }
 }
 
-async fn run(command: Command) -> anyhow::Result<()> {
+/// The message for a failed command, with advice where the cause is known.
+fn explain(error: &anyhow::Error, connection: &Connection) -> String {
+    if let Some(keel_client::ClientError::Refused(status)) = error.downcast_ref() {
+        // What a broker's internal listener answers to a client request.
+        if status.code() == tonic::Code::Unimplemented && status.message().is_empty() {
+            return format!(
+                "{} answered, but without keel's client API: is it a broker's internal (broker-to-broker) \
+                 address? Give its client address (its --listen; by default the internal port - 100) with --broker",
+                connection.broker.join(",")
+            );
+        }
+    }
+    format!("{error:#}")
+}
+
+async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => serve(args).await,
-        Command::Topic(command) => topic(command).await,
-        Command::Produce(args) => produce(args).await,
-        Command::Read(args) => read(args).await,
-        Command::Consume(args) => consume(args).await,
-        Command::Bench(command) => bench::run(command).await,
-        Command::Group(command) => group(command).await,
-        Command::Cluster(ClusterCommand::Drain { id, timeout_secs, connection }) => {
-            drain(id, std::time::Duration::from_secs(timeout_secs), &connection).await
+        Command::Topic(command) => topic(command, connection).await,
+        Command::Produce(args) => produce(args, connection).await,
+        Command::Read(args) => read(args, connection).await,
+        Command::Consume(args) => consume(args, connection).await,
+        Command::Bench(command) => bench::run(command, connection).await,
+        Command::Group(command) => group(command, connection).await,
+        Command::Cluster(ClusterCommand::Drain { id, timeout_secs }) => {
+            drain(id, std::time::Duration::from_secs(timeout_secs), connection).await
         }
-        Command::Cluster(ClusterCommand::RemoveBroker { id, connection }) => {
-            client(&connection)?.remove_broker(id).await?;
+        Command::Cluster(ClusterCommand::RemoveBroker { id }) => {
+            connection.client()?.remove_broker(id).await?;
             println!("removed broker {id}");
             Ok(())
         }
-        Command::Cluster(ClusterCommand::Status { connection }) => {
-            let mut cluster = client(&connection)?.describe_cluster().await?;
+        Command::Cluster(ClusterCommand::Status) => {
+            let mut cluster = connection.client()?.describe_cluster().await?;
             // Liveness is as complete as the metadata leader sees it: ask it.
             let leader = cluster.brokers.iter().find(|b| b.id == cluster.metadata_leader).map(|b| b.address.clone());
             if let Some(leader) = leader {
-                if let Ok(seen) = Client::new(vec![leader], RetryPolicy::default())?.describe_cluster().await {
+                if let Ok(seen) = Client::new(vec![leader], connection.policy())?.describe_cluster().await {
                     cluster = seen;
                 }
             }
@@ -369,14 +443,10 @@ async fn drain(id: u64, timeout: std::time::Duration, connection: &Connection) -
     Ok(())
 }
 
-fn client(connection: &Connection) -> anyhow::Result<Client> {
-    Ok(Client::new(connection.broker.clone(), RetryPolicy::default())?)
-}
-
 /// A client that also knows every registered broker, for long-running
 /// commands that must outlive the loss of the broker they started with.
 async fn discovering_client(connection: &Connection) -> anyhow::Result<Client> {
-    let client = client(connection)?;
+    let client = connection.client()?;
     client.describe_cluster().await?;
     Ok(client)
 }
@@ -570,13 +640,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         serving.push_str(&format!("; metrics at http://{address}/metrics"));
     }
+    // Caught before "listening" is said, so a stop sent after it is seen.
+    let mut signal = Interrupts::catch()?;
     println!("keel broker {id} listening on {listen} ({serving})");
-    let signal = shutdown_signal();
-    tokio::pin!(signal);
     loop {
         tokio::select! {
             biased;
-            _ = &mut signal => break,
+            _ = signal.recv() => break,
             _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
                 if let Some(fatal) = node.fatal_error() {
                     node.shutdown().await;
@@ -585,7 +655,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             }
         }
     }
-    println!("keel broker {id} shutting down");
+    // Not println!: a closed standard output must not stop a clean shutdown.
+    let _ = writeln!(std::io::stdout(), "keel broker {id} shutting down");
     node.shutdown().await;
     Ok(())
 }
@@ -623,19 +694,41 @@ async fn wait_until_registered(node: &Node) -> anyhow::Result<()> {
     bail!("broker {} did not register itself within 30 s", node.id())
 }
 
-async fn shutdown_signal() {
+/// SIGINT (Ctrl-C) and SIGTERM, caught from when this is made: a signal
+/// that arrives before anything waits on it is not lost, and does not kill
+/// the process.
+struct Interrupts {
     #[cfg(unix)]
-    {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    fn catch() -> anyhow::Result<Interrupts> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Interrupts {
+                interrupt: signal(SignalKind::interrupt()).context("catching SIGINT")?,
+                terminate: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Interrupts {})
+    }
+
+    /// Wait for the next one.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
         tokio::select! {
             biased;
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
         }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
     }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 fn print_topics(topics: &[pb::TopicDescription], json: bool) {
@@ -677,22 +770,22 @@ fn print_topics(topics: &[pb::TopicDescription], json: bool) {
     }
 }
 
-async fn topic(command: TopicCommand) -> anyhow::Result<()> {
+async fn topic(command: TopicCommand, connection: &Connection) -> anyhow::Result<()> {
     match command {
-        TopicCommand::Create { name, partitions, replication_factor, retention, retention_bytes, connection } => {
+        TopicCommand::Create { name, partitions, replication_factor, retention, retention_bytes } => {
             let retention_ms = retention.map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX));
             let retention_bytes = retention_bytes.map(|size| size.as_u64());
             let request =
                 pb::CreateTopicRequest { topic: name, partitions, replication_factor, retention_ms, retention_bytes };
-            let topic = client(&connection)?.create_topic(request).await?;
+            let topic = connection.client()?.create_topic(request).await?;
             print_topics(&[topic], connection.json);
         }
-        TopicCommand::List { connection } => print_topics(&client(&connection)?.list_topics().await?, connection.json),
-        TopicCommand::Describe { name, connection } => {
-            print_topics(&[client(&connection)?.describe_topic(&name).await?], connection.json)
+        TopicCommand::List => print_topics(&connection.client()?.list_topics().await?, connection.json),
+        TopicCommand::Describe { name } => {
+            print_topics(&[connection.client()?.describe_topic(&name).await?], connection.json)
         }
-        TopicCommand::Move { name, partition, replicas, connection } => {
-            let moved = client(&connection)?.move_partition(&name, partition, replicas).await?;
+        TopicCommand::Move { name, partition, replicas } => {
+            let moved = connection.client()?.move_partition(&name, partition, replicas).await?;
             if connection.json {
                 println!(
                     "{}",
@@ -705,8 +798,8 @@ async fn topic(command: TopicCommand) -> anyhow::Result<()> {
                 );
             }
         }
-        TopicCommand::Delete { name, connection } => {
-            client(&connection)?.delete_topic(&name).await?;
+        TopicCommand::Delete { name } => {
+            connection.client()?.delete_topic(&name).await?;
             if !connection.json {
                 println!("deleted topic {name}");
             }
@@ -715,8 +808,8 @@ async fn topic(command: TopicCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
-    let client = discovering_client(&args.connection).await?;
+async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<()> {
+    let client = discovering_client(connection).await?;
     // Lines go round-robin (or by key), gathered into batches per partition
     // with several in flight; each is acknowledged once appended.
     let config = BatchingConfig { sticky_keyless: false, ..BatchingConfig::default() };
@@ -732,7 +825,7 @@ async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     });
     // Acknowledgements are awaited in the order the lines were read.
     let (acks, mut answered) = tokio::sync::mpsc::channel::<keel_client::Ack>(PRODUCE_LINES_QUEUED_MAX);
-    let json = args.connection.json;
+    let json = connection.json;
     let printer = tokio::spawn(async move {
         let (mut count, mut failed, mut first_error) = (0u64, 0u64, None);
         while let Some(ack) = answered.recv().await {
@@ -778,20 +871,30 @@ async fn produce(args: ProduceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Position requests `keel group describe` keeps in flight.
+const GROUP_DESCRIBE_POSITIONS_IN_FLIGHT_MAX: usize = 32;
+
 /// Lines `keel produce` reads ahead of their acknowledgements.
 const PRODUCE_LINES_QUEUED_MAX: usize = 10_000;
 
-async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
+async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<()> {
     let member = args.member.clone().unwrap_or_else(|| format!("keel-cli-{}", std::process::id()));
+    // Ctrl-C or SIGTERM ends the loop between polls, so the member leaves
+    // the group (its partitions go to the others at once) instead of
+    // holding them until its session times out. Caught before joining, so
+    // none is missed once the member exists.
+    let mut interrupted = Interrupts::catch()?;
     let mut consumer = Consumer::join(
-        discovering_client(&args.connection).await?,
+        discovering_client(connection).await?,
         &args.group,
         &member,
         args.topics.clone(),
         args.session_timeout_ms,
     )
     .await?;
+    let started = tokio::time::Instant::now();
     let mut printed = 0u64;
+    let mut partitions = std::collections::BTreeSet::new();
     let mut idle_since = tokio::time::Instant::now();
     loop {
         if args.max_records.is_some_and(|max| printed >= max) {
@@ -801,7 +904,11 @@ async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
             break;
         }
         let want = args.max_records.map_or(500, |max| (max - printed).min(500)) as u32;
-        let deliveries = consumer.poll(want, std::time::Duration::from_millis(500)).await?;
+        let deliveries = tokio::select! {
+            biased;
+            _ = interrupted.recv() => break,
+            polled = consumer.poll(want, std::time::Duration::from_millis(500)) => polled?,
+        };
         for notice in consumer.take_notices() {
             eprintln!("keel consume: {notice}");
         }
@@ -812,7 +919,7 @@ async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
         for delivery in &deliveries {
             let record = delivery.record.record.clone().unwrap_or_default();
             let value = String::from_utf8_lossy(&record.value);
-            if args.connection.json {
+            if connection.json {
                 let key = record.key.as_ref().map(|k| String::from_utf8_lossy(k).to_string());
                 println!(
                     "{}",
@@ -821,9 +928,11 @@ async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
             } else {
                 println!("{}/{}\t{}\t{value}", delivery.topic, delivery.partition, delivery.record.offset);
             }
+            partitions.insert((delivery.topic.clone(), delivery.partition));
             printed += 1;
         }
-        // One poll reads one partition: acknowledge its last record.
+        // One poll reads one partition: acknowledge its last record (not
+        // interrupted: a signal waits for it).
         let last = deliveries.last().expect("not empty");
         consumer.ack(&last.topic, last.partition, last.record.offset).await?;
         for notice in consumer.take_notices() {
@@ -831,29 +940,70 @@ async fn consume(args: ConsumeArgs) -> anyhow::Result<()> {
         }
     }
     consumer.leave().await?;
+    eprintln!(
+        "keel consume: {printed} records from {} partitions in {:.1} s; member {member} left group {}",
+        partitions.len(),
+        started.elapsed().as_secs_f64(),
+        args.group
+    );
     Ok(())
 }
 
-async fn group(command: GroupCommand) -> anyhow::Result<()> {
+async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result<()> {
     match command {
-        GroupCommand::Describe { name, connection } => {
-            let client = client(&connection)?;
+        GroupCommand::Describe { name } => {
+            let client = connection.client()?;
             let described = client.describe_group(&name).await?;
+            let assigned: BTreeMap<(String, u32), String> = described
+                .members
+                .iter()
+                .flat_map(|m| m.partitions.iter().map(|p| ((p.topic.clone(), p.partition), m.member.clone())))
+                .collect();
+            // Every partition the group reads or has a position on, members
+            // or not: lag matters most when no member is left.
+            let mut candidates = Vec::new();
+            for topic in client.list_topics().await? {
+                candidates.extend(topic.partitions.iter().map(|p| (topic.name.clone(), p.partition)));
+            }
+            let positions: Vec<_> = futures_util::stream::iter(candidates)
+                .map(|(topic, partition)| {
+                    let (client, name) = (client.clone(), name.clone());
+                    async move {
+                        let position = client.group_position(&name, &topic, partition).await;
+                        position.map(|position| (topic, partition, position))
+                    }
+                })
+                .buffered(GROUP_DESCRIBE_POSITIONS_IN_FLIGHT_MAX)
+                .collect()
+                .await;
             let mut rows = Vec::new();
-            for member in &described.members {
-                for assigned in &member.partitions {
-                    let position = client.group_position(&name, &assigned.topic, assigned.partition).await?;
-                    rows.push((assigned.clone(), member.member.clone(), position));
+            for position in positions {
+                let (topic, partition, position) = position?;
+                let member = assigned.get(&(topic.clone(), partition)).cloned();
+                if member.is_some() || position.committed {
+                    rows.push((topic, partition, member, position));
                 }
             }
             if connection.json {
+                let members: Vec<_> = described
+                    .members
+                    .iter()
+                    .map(|m| {
+                        let partitions: Vec<_> = m
+                            .partitions
+                            .iter()
+                            .map(|p| serde_json::json!({"topic": p.topic, "partition": p.partition}))
+                            .collect();
+                        serde_json::json!({"member": m.member, "topics": m.topics, "partitions": partitions})
+                    })
+                    .collect();
                 let partitions: Vec<_> = rows
                     .iter()
-                    .map(|(p, member, pos)| serde_json::json!({"topic": p.topic, "partition": p.partition, "member": member, "position": pos.position, "high_watermark": pos.high_watermark, "lag": pos.high_watermark.saturating_sub(pos.position)}))
+                    .map(|(topic, partition, member, pos)| serde_json::json!({"topic": topic, "partition": partition, "member": member, "position": pos.position, "committed": pos.committed, "log_start": pos.log_start, "high_watermark": pos.high_watermark, "lag": pos.high_watermark.saturating_sub(pos.position)}))
                     .collect();
                 println!(
                     "{}",
-                    serde_json::json!({"group": described.group, "generation": described.generation, "partitions": partitions})
+                    serde_json::json!({"group": described.group, "generation": described.generation, "members": members, "partitions": partitions})
                 );
             } else {
                 println!(
@@ -866,17 +1016,18 @@ async fn group(command: GroupCommand) -> anyhow::Result<()> {
                     "{:<24} {:>9} {:<24} {:>10} {:>14} {:>8}",
                     "TOPIC", "PARTITION", "MEMBER", "POSITION", "HIGH WATERMARK", "LAG"
                 );
-                for (p, member, pos) in rows {
+                for (topic, partition, member, pos) in rows {
                     let lag = pos.high_watermark.saturating_sub(pos.position);
+                    let member = member.unwrap_or_else(|| "-".to_string());
                     println!(
                         "{:<24} {:>9} {:<24} {:>10} {:>14} {:>8}",
-                        p.topic, p.partition, member, pos.position, pos.high_watermark, lag
+                        topic, partition, member, pos.position, pos.high_watermark, lag
                     );
                 }
             }
         }
-        GroupCommand::Reset { name, topic, to, connection } => {
-            let client = client(&connection)?;
+        GroupCommand::Reset { name, topic, to } => {
+            let client = connection.client()?;
             let target = match to.as_str() {
                 "earliest" => pb::reset_group_position_request::To::Earliest(true),
                 "latest" => pb::reset_group_position_request::To::Latest(true),
@@ -902,7 +1053,7 @@ async fn group(command: GroupCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn read(args: ReadArgs) -> anyhow::Result<()> {
+async fn read(args: ReadArgs, connection: &Connection) -> anyhow::Result<()> {
     let request = pb::ReadRequest {
         topic: args.topic,
         partition: args.partition,
@@ -910,11 +1061,11 @@ async fn read(args: ReadArgs) -> anyhow::Result<()> {
         max_records: args.max_records,
         max_bytes: 0,
     };
-    let response = client(&args.connection)?.read(request).await?;
+    let response = connection.client()?.read(request).await?;
     for stored in response.records {
         let record = stored.record.unwrap_or_default();
         let value = String::from_utf8_lossy(&record.value);
-        if args.connection.json {
+        if connection.json {
             let key = record.key.as_ref().map(|k| String::from_utf8_lossy(k).to_string());
             println!(
                 "{}",

@@ -1,0 +1,221 @@
+//! The `keel` command line as an operator meets it: flags checked when
+//! parsed and accepted before or after the subcommand, failures that say
+//! what is wrong at once, Ctrl-C during `keel consume` leaving the group,
+//! and logs fit for files (issue #15).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use keel_tests::{cli, cli_ok, free_port, keel_binary, one_broker, signal, Broker};
+use rustix::process::Signal;
+
+fn keel(args: &[&str]) -> Output {
+    Command::new(keel_binary()).args(args).stdin(Stdio::null()).output().expect("run keel")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).to_string()
+}
+
+#[test]
+fn a_broker_that_is_not_running_is_reported_at_once() {
+    // Nothing listens here (free_port checked it is bindable). With a long
+    // timeout, only the fast path can end this command soon: the test
+    // asserts the message, and would hang for a minute without it.
+    let address = format!("127.0.0.1:{}", free_port());
+    let output = keel(&["topic", "list", "--broker", &address, "--timeout", "60s"]);
+    assert!(!output.status.success());
+    let message = stderr(&output);
+    assert!(message.contains("connection refused"), "{message}");
+    assert!(message.contains(&address), "{message}");
+    assert!(!message.contains("gave up"), "{message}");
+}
+
+#[test]
+fn broker_addresses_are_checked_when_the_flags_are_parsed() {
+    for (address, expected) in [
+        ("http://127.0.0.1:7070", "without the http:// scheme"),
+        ("nonsense", "expected host:port"),
+        ("127.0.0.1:99999", "is not a port number"),
+        ("127.0.0.1:0", "is not a port number"),
+        (":7070", "is not a host name"),
+    ] {
+        let output = keel(&["topic", "list", "--broker", address]);
+        // clap's usage error: exit code 2, before any connection is tried.
+        assert_eq!(output.status.code(), Some(2), "{address}: {}", stderr(&output));
+        assert!(stderr(&output).contains(expected), "{address}: {}", stderr(&output));
+    }
+}
+
+#[tokio::test]
+async fn global_flags_go_before_or_after_the_subcommand() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "orders", "--partitions", "2"], "");
+    for args in [
+        vec!["--json", "--broker", address.as_str(), "topic", "list"],
+        vec!["topic", "--json", "list", "--broker", address.as_str()],
+        vec!["--broker", address.as_str(), "topic", "list", "--json"],
+        vec!["--timeout", "5s", "--json", "topic", "describe", "orders", "--broker", address.as_str()],
+    ] {
+        let output = keel(&args);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        let topics: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+        assert_eq!(topics[0]["name"], "orders", "{args:?}");
+        assert_eq!(topics[0]["partitions"].as_array().map(Vec::len), Some(2), "{args:?}");
+    }
+    let output = keel(&["--timeout", "soon", "topic", "list", "--broker", &address]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+}
+
+#[test]
+fn a_port_that_is_not_a_keel_client_api_is_named_as_such() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let port = free_port();
+    let address = format!("127.0.0.1:{port}");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let _broker = Broker::start(dir.path(), &address, &["--metrics-listen", &metrics]);
+
+    let output = keel(&["topic", "list", "--broker", &metrics]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("is not a keel broker"), "{}", stderr(&output));
+
+    // The internal (broker-to-broker) listener, client port + 100.
+    let internal = format!("127.0.0.1:{}", port + 100);
+    let output = keel(&["topic", "list", "--broker", &internal]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("internal (broker-to-broker) address"), "{}", stderr(&output));
+}
+
+/// The group as `keel group describe --json` shows it.
+fn describe_group(address: &str, group: &str) -> serde_json::Value {
+    let output = cli(address, &["group", "describe", group, "--json"], "");
+    assert!(output.status.success(), "{}", stderr(&output));
+    serde_json::from_slice(&output.stdout).expect("JSON")
+}
+
+#[tokio::test]
+async fn ctrl_c_during_consume_leaves_the_group() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "jobs", "--partitions", "2"], "");
+    cli_ok(&address, &["produce", "jobs"], &(0..10).map(|i| format!("job {i}\n")).collect::<String>());
+
+    for interrupt in [Signal::INT, Signal::TERM] {
+        // A long session: without leaving, the member would stay for a minute.
+        let mut consumer = Command::new(keel_binary())
+            .args(["consume", "jobs", "--group", "workers", "--session-timeout-ms", "60000"])
+            .args(["--broker", &address])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run keel consume");
+        let mut lines = BufReader::new(consumer.stdout.take().expect("stdout")).lines();
+        if interrupt == Signal::INT {
+            // The first run reads what was produced before it is stopped.
+            let first = lines.next().expect("a record").expect("a line");
+            assert!(first.contains("job"), "{first}");
+        }
+        // The second finds nothing new: it is stopped while it waits.
+        let mut members = 0;
+        for _ in 0..300 {
+            members = describe_group(&address, "workers")["members"].as_array().map_or(0, Vec::len);
+            if members == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(members, 1, "the consumer is a member while it runs");
+
+        signal(&consumer, interrupt);
+        let output = tokio::task::spawn_blocking(move || consumer.wait_with_output()).await.unwrap().unwrap();
+        assert!(output.status.success(), "{interrupt:?}: {}", stderr(&output));
+        let summary = stderr(&output);
+        assert!(summary.contains("left group workers"), "{summary}");
+        assert!(summary.contains(" records from "), "{summary}");
+
+        let described = describe_group(&address, "workers");
+        assert_eq!(described["members"].as_array().map(Vec::len), Some(0), "{described}");
+    }
+    // With no member left, the group can be reset at once.
+    cli_ok(&address, &["group", "reset", "workers", "--topic", "jobs", "--to", "earliest"], "");
+}
+
+#[test]
+fn an_invalid_log_filter_is_refused_at_start_up() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let output = Command::new(keel_binary())
+        .args(["serve", "--data-dir"])
+        .arg(dir.path())
+        .env("KEEL_LOG", "keel=loud=yes")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run keel serve");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("KEEL_LOG"), "{}", stderr(&output));
+    assert!(stderr(&output).contains("is not a log filter"), "{}", stderr(&output));
+}
+
+/// Start `keel serve` logging at info to a file in `dir` with `args`, wait
+/// until it listens, stop it, and return what it logged.
+fn broker_log(dir: &std::path::Path, args: &[&str]) -> String {
+    let address = format!("127.0.0.1:{}", free_port());
+    std::fs::create_dir_all(dir).unwrap();
+    let log = dir.join("broker.log");
+    let mut child = Command::new(keel_binary())
+        .args(["serve", "--listen", &address, "--data-dir"])
+        .arg(dir.join("data"))
+        .args(args)
+        .env("KEEL_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("run keel serve");
+    // Keep its standard output open: it says goodbye there.
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("listening on"), "{first}");
+    signal(&child, Signal::TERM);
+    assert!(child.wait().unwrap().success());
+    std::fs::read_to_string(log).unwrap()
+}
+
+#[test]
+fn logs_written_to_a_file_have_no_colour_codes_and_json_is_one_object_a_line() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let text = broker_log(&dir.path().join("text"), &[]);
+    assert!(!text.is_empty());
+    assert!(!text.contains('\u{1b}'), "colour codes in a file: {text}");
+
+    let json = broker_log(&dir.path().join("json"), &["--log-format", "json"]);
+    let lines: Vec<&str> = json.lines().collect();
+    assert!(!lines.is_empty());
+    for line in lines {
+        let object: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(object["level"].is_string() && object["timestamp"].is_string(), "{line}");
+    }
+}
+
+#[tokio::test]
+async fn group_describe_shows_positions_and_lag_when_no_member_is_left() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "events", "--partitions", "2"], "");
+    cli_ok(&address, &["topic", "create", "other", "--partitions", "1"], "");
+    cli_ok(&address, &["produce", "events"], &(0..10).map(|i| format!("e{i}\n")).collect::<String>());
+    cli_ok(&address, &["consume", "events", "--group", "readers", "--max-records", "10"], "");
+    cli_ok(&address, &["produce", "events"], "late 1\nlate 2\nlate 3\n");
+
+    let described = describe_group(&address, "readers");
+    assert_eq!(described["members"].as_array().map(Vec::len), Some(0), "{described}");
+    let rows = described["partitions"].as_array().expect("partitions");
+    // Only the partitions the group has a position on: not topic `other`.
+    assert!(rows.iter().all(|r| r["topic"] == "events" && r["member"].is_null()), "{described}");
+    let sum = |field: &str| rows.iter().map(|r| r[field].as_u64().expect(field)).sum::<u64>();
+    assert_eq!(sum("position"), 10, "{described}");
+    assert_eq!(sum("lag"), 3, "{described}");
+
+    let text = cli_ok(&address, &["group", "describe", "readers"], "");
+    assert!(text.contains("members 0"), "{text}");
+    assert!(text.lines().filter(|line| line.starts_with("events")).count() >= 1, "{text}");
+}
