@@ -48,6 +48,11 @@ struct LagLabels {
     partition: u32,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabels {
+    peer: u64,
+}
+
 /// Most consumer-lag series one partition reports.
 pub const LAG_SERIES_PER_PARTITION_MAX: usize = 1_000;
 
@@ -78,6 +83,8 @@ pub struct Metrics {
     snapshots_installed: Gauge,
     high_watermark: Family<PartitionLabels, Gauge>,
     lag: Family<LagLabels, Gauge>,
+    peer_up: Family<PeerLabels, Gauge>,
+    peer_failed_calls: Family<PeerLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -107,6 +114,8 @@ impl Metrics {
             snapshots_installed: Gauge::default(),
             high_watermark: Family::default(),
             lag: Family::default(),
+            peer_up: Family::default(),
+            peer_failed_calls: Family::default(),
             registry: Registry::default(),
         };
         registry.register("requests", "API requests answered, by RPC and gRPC status code", metrics.requests.clone());
@@ -161,6 +170,16 @@ impl Metrics {
             "consumer_lag",
             "Records not yet acknowledged by a group, on partitions led here",
             metrics.lag.clone(),
+        );
+        registry.register(
+            "peer_up",
+            "1 if this broker's last Raft call to the peer reached it, 0 if not",
+            metrics.peer_up.clone(),
+        );
+        registry.register(
+            "peer_failed_calls",
+            "Raft calls to the peer that could not reach it (refused, timed out, or held back while it was down)",
+            metrics.peer_failed_calls.clone(),
         );
         Metrics { registry, ..metrics }
     }
@@ -218,6 +237,12 @@ impl Metrics {
         }
         self.high_watermark.clear();
         self.lag.clear();
+        for (peer, health) in node.peer_health() {
+            let labels = PeerLabels { peer };
+            self.peer_up.get_or_create(&labels).set(i64::from(health.down_since.is_none()));
+            let counter = self.peer_failed_calls.get_or_create(&labels);
+            counter.inc_by(health.failed_calls.saturating_sub(counter.get()));
+        }
         let (built, installed) = node.snapshot_counts();
         self.snapshots_built.set(built as i64);
         self.snapshots_installed.set(installed as i64);

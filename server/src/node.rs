@@ -491,6 +491,11 @@ impl Node {
         self.inner.peers.since_answer(peer)
     }
 
+    /// Every peer this broker has called, with whether its calls reach it.
+    pub fn peer_health(&self) -> BTreeMap<NodeId, crate::raft::network::PeerHealth> {
+        self.inner.peers.health()
+    }
+
     /// The node's clock.
     pub fn clock(&self) -> &Clock {
         &self.inner.clock

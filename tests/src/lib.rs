@@ -90,7 +90,8 @@ impl Broker {
             .args(["--listen", address])
             .args(args)
             .current_dir(dir)
-            .env("KEEL_LOG", "warn")
+            // The default log filter, whatever the test's environment says.
+            .env_remove("KEEL_LOG")
             .stdout(Stdio::piped())
             // Broker logs go to keel.log in its directory, not the test output.
             .stderr(std::fs::File::create(dir.join("keel.log")).map(Stdio::from).unwrap_or_else(|_| Stdio::null()))
@@ -126,6 +127,28 @@ impl Drop for Broker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `GET path` from an HTTP endpoint (a broker's metrics); the body of a
+/// 200 answer.
+pub fn http_get(address: &str, path: &str) -> String {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to the metrics endpoint");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"), "{response}");
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
+/// The value of the sample whose name and labels start with `prefix`.
+pub fn sample(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no sample {prefix} in\n{metrics}"))
 }
 
 /// Send `signal` to a child process (no `kill` binary needed).

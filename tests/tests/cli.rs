@@ -219,3 +219,23 @@ async fn group_describe_shows_positions_and_lag_when_no_member_is_left() {
     assert!(text.contains("members 0"), "{text}");
     assert!(text.lines().filter(|line| line.starts_with("events")).count() >= 1, "{text}");
 }
+
+#[test]
+fn help_describes_every_command_with_defaults_and_examples() {
+    let help = |args: &[&str]| {
+        let output = keel(args);
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    let topic = help(&["topic", "--help"]);
+    for line in ["create ", "list ", "describe ", "delete ", "move "] {
+        let described = topic.lines().find(|l| l.trim_start().starts_with(line)).unwrap_or_else(|| panic!("{topic}"));
+        assert!(described.split_whitespace().count() > 2, "{line} has no description: {topic}");
+    }
+    let serve = help(&["serve", "--help"]);
+    assert!(serve.contains("KEEL_LOG"), "{serve}");
+    assert!(serve.contains("[default: 127.0.0.1:7070]"), "{serve}");
+    assert!(serve.contains("Examples:"), "{serve}");
+    assert!(help(&["cluster", "--help"]).contains("Show the brokers"));
+    assert!(help(&["topic", "create", "--help"]).contains("Example: keel topic create"));
+}

@@ -2,7 +2,7 @@
 //! through the CLI; then bad input, which must get a clear error and leave
 //! the broker serving.
 
-use keel_tests::{cli, cli_ok, free_port, Broker};
+use keel_tests::{cli, cli_ok, free_port, http_get, sample, Broker};
 
 #[test]
 fn quick_start_through_the_cli() {
@@ -72,26 +72,6 @@ fn quick_start_through_the_cli() {
 }
 
 /// `GET path` over plain HTTP/1.0; returns the body.
-fn http_get(address: &str, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address).expect("connect to the metrics endpoint");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    assert!(response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"), "{response}");
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
-}
-
-/// The value of the sample whose name and labels start with `prefix`.
-fn sample(metrics: &str, prefix: &str) -> f64 {
-    metrics
-        .lines()
-        .find(|line| line.starts_with(prefix))
-        .and_then(|line| line.rsplit(' ').next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("no sample {prefix} in\n{metrics}"))
-}
-
 #[test]
 fn prometheus_metrics_show_traffic_raft_state_and_lag() {
     let dir = tempfile::TempDir::new().unwrap();

@@ -30,6 +30,8 @@ fn values(broker: &str, partition: u32) -> Vec<String> {
 struct Cluster {
     dirs: Vec<tempfile::TempDir>,
     addresses: Vec<String>,
+    /// Each broker's metrics address.
+    metrics: Vec<String>,
     peers: String,
     brokers: Vec<Option<Broker>>,
 }
@@ -38,8 +40,9 @@ impl Cluster {
     fn start() -> Cluster {
         let dirs: Vec<_> = (0..3).map(|_| tempfile::TempDir::new().unwrap()).collect();
         let addresses: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        let metrics: Vec<String> = (0..3).map(|_| format!("127.0.0.1:{}", free_port())).collect();
         let peers = keel_tests::peers(&addresses);
-        let mut cluster = Cluster { dirs, addresses, peers, brokers: Vec::new() };
+        let mut cluster = Cluster { dirs, addresses, metrics, peers, brokers: Vec::new() };
         cluster.brokers = (0..3).map(|i| Some(cluster.start_broker(i))).collect();
         cluster.wait_ready();
         cluster
@@ -47,7 +50,16 @@ impl Cluster {
 
     fn start_broker(&self, i: usize) -> Broker {
         let id = (i + 1).to_string();
-        let args = ["--id", &id, "--peers", &self.peers, "--cluster-secret", keel_tests::TEST_SECRET];
+        let args = [
+            "--id",
+            &id,
+            "--peers",
+            &self.peers,
+            "--cluster-secret",
+            keel_tests::TEST_SECRET,
+            "--metrics-listen",
+            &self.metrics[i],
+        ];
         Broker::start(self.dirs[i].path(), &self.addresses[i], &args)
     }
 
@@ -238,4 +250,28 @@ fn a_topic_created_while_a_broker_is_down_gets_leaders_everywhere() {
         assert!(started.elapsed() < Duration::from_secs(30), "broker 1 did not catch up");
         std::thread::sleep(Duration::from_millis(200));
     }
+
+    // The survivors log broker 1 going and coming back, once each way (at
+    // the default filter), not one line per failed call of every group,
+    // and count the failed calls. (A survivor that has not called broker 1
+    // since it returned still takes it for down.)
+    let log = |i: usize| std::fs::read_to_string(cluster.dirs[i].path().join("keel.log")).unwrap();
+    let count = |log: &str, text: &str| log.lines().filter(|line| line.contains(text)).count();
+    let started = Instant::now();
+    let i = loop {
+        if let Some(i) = [1, 2].into_iter().find(|i| count(&log(*i), "broker 1 answers again") > 0) {
+            break i;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no survivor saw broker 1 come back: {}", log(1));
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for i in [1, 2] {
+        let log = log(i);
+        assert_eq!(count(&log, "openraft::replication"), 0, "{log}");
+        let (down, back) = (count(&log, "broker 1 does not answer"), count(&log, "broker 1 answers again"));
+        assert!(down == back || down == back + 1, "{log}");
+    }
+    let metrics = keel_tests::http_get(&cluster.metrics[i], "/metrics");
+    assert!(keel_tests::sample(&metrics, "keel_peer_failed_calls_total{peer=\"1\"}") > 0.0, "{metrics}");
+    assert_eq!(keel_tests::sample(&metrics, "keel_peer_up{peer=\"1\"}"), 1.0, "{metrics}");
 }

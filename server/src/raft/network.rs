@@ -117,6 +117,18 @@ pub struct Peers {
     /// one attempt per [`PEER_RETRY_AFTER`], not one per group per
     /// heartbeat.
     resting: Arc<Mutex<BTreeMap<NodeId, tokio::time::Instant>>>,
+    /// Each peer's reachability as this broker's calls find it: logged
+    /// when it changes, not on every failed call of every group.
+    health: Arc<Mutex<BTreeMap<NodeId, PeerHealth>>>,
+}
+
+/// One peer's reachability, for logs and metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PeerHealth {
+    /// Since when no call reached it, if none does now.
+    pub down_since: Option<tokio::time::Instant>,
+    /// Calls to it that failed to reach it, since this broker started.
+    pub failed_calls: u64,
 }
 
 /// How long a peer that did not answer rests before the next attempt.
@@ -147,6 +159,7 @@ impl Peers {
             channels: Arc::default(),
             answered: Arc::default(),
             resting: Arc::default(),
+            health: Arc::default(),
         }
     }
 
@@ -203,6 +216,39 @@ impl Peers {
     /// How long ago `peer` last answered a Raft message from this broker.
     pub fn since_answer(&self, peer: NodeId) -> Option<Duration> {
         self.answered.lock().expect("peer answers").get(&peer).map(|at| at.elapsed())
+    }
+
+    /// Every peer called so far, with its reachability.
+    pub fn health(&self) -> BTreeMap<NodeId, PeerHealth> {
+        self.health.lock().expect("peer health").clone()
+    }
+
+    /// A call to `peer` at `address` could not reach it (`reason`). The
+    /// first failure after it answered is logged; the rest are counted.
+    fn unreachable(&self, peer: NodeId, address: &str, reason: &TransportError) {
+        let mut health = self.health.lock().expect("peer health");
+        let entry = health.entry(peer).or_default();
+        entry.failed_calls += 1;
+        if entry.down_since.is_none() {
+            entry.down_since = Some(tokio::time::Instant::now());
+            tracing::warn!(
+                peer,
+                %address,
+                %reason,
+                "broker {peer} does not answer; its groups retry it every {} ms (counted in \
+                 keel_peer_failed_calls_total; logged again when it answers)",
+                PEER_RETRY_AFTER.as_millis()
+            );
+        }
+    }
+
+    /// A call to `peer` reached it.
+    fn reached(&self, peer: NodeId) {
+        let mut health = self.health.lock().expect("peer health");
+        let entry = health.entry(peer).or_default();
+        if let Some(since) = entry.down_since.take() {
+            tracing::warn!(peer, down_ms = since.elapsed().as_millis() as u64, "broker {peer} answers again");
+        }
     }
 
     fn channel(&self, address: &str) -> Result<Channel, TransportError> {
@@ -307,6 +353,15 @@ impl PeerClient {
         let silent = self.peers.since_answer(self.target).is_none_or(|since| since > crate::node::KEEPALIVE_TIMEOUT);
         if timed_out && silent {
             self.peers.forget_channel(&self.address);
+        }
+        match &result {
+            Ok(_) => self.peers.reached(self.target),
+            Err(error @ TransportError::Status(status)) if status.code() == tonic::Code::Unavailable => {
+                self.peers.unreachable(self.target, &self.address, error)
+            }
+            Err(error @ TransportError::Resting) => self.peers.unreachable(self.target, &self.address, error),
+            Err(error) if timed_out && silent => self.peers.unreachable(self.target, &self.address, error),
+            Err(_) => {}
         }
         let mut resting = self.peers.resting.lock().expect("resting peers");
         match &result {

@@ -36,6 +36,11 @@ struct Cli {
 enum Command {
     /// Run a broker. With no arguments: a single-node cluster on
     /// 127.0.0.1:7070 with its data in ./keel-data.
+    #[command(after_help = "Logs go to standard error at the level KEEL_LOG sets (a tracing filter: info, debug, \
+        keel_server=debug,warn, ...; default: warnings and errors); --log-format json writes one JSON object a line. \
+        SIGTERM or Ctrl-C shuts the broker down gracefully.\n\n\
+        Examples:\n  keel serve\n  keel serve --id 1 --listen 10.0.0.1:7070 --peers 1=10.0.0.1:7170,2=10.0.0.2:7170,3=10.0.0.3:7170 \
+        --cluster-secret \"$(cat secret)\"\n  keel serve --config /etc/keel.toml")]
     Serve(ServeArgs),
     /// Create, list, describe or delete topics.
     #[command(subcommand)]
@@ -188,16 +193,22 @@ enum LogFormat {
     Json,
 }
 
+/// The log filter when `KEEL_LOG` is not set: warnings and errors, except
+/// openraft's line per failed replication call (one per group per retry
+/// while a peer is down); keel logs each peer's going down and coming back
+/// once, and counts the failed calls in `keel_peer_failed_calls_total`.
+const DEFAULT_LOG_FILTER: &str = "warn,openraft::replication=off,openraft::engine::handler::replication_handler=off";
+
 /// Log to standard error at the level `KEEL_LOG` asks for (a tracing
-/// filter, default `warn`), refusing a filter that does not parse; colour
-/// only on a terminal.
+/// filter, default [`DEFAULT_LOG_FILTER`]), refusing a filter that does not
+/// parse; colour only on a terminal.
 fn start_logging(logging: &Logging) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     let filter = match std::env::var("KEEL_LOG") {
         Ok(text) => tracing_subscriber::EnvFilter::try_new(&text).map_err(|error| {
             anyhow::anyhow!("KEEL_LOG={text:?} is not a log filter ({error}); use a level such as info or debug, or e.g. keel_server=debug,warn")
         })?,
-        Err(_) => tracing_subscriber::EnvFilter::new("warn"),
+        Err(_) => tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER),
     };
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match logging.log_format {
@@ -209,10 +220,15 @@ fn start_logging(logging: &Logging) -> anyhow::Result<()> {
 
 #[derive(Subcommand)]
 enum TopicCommand {
+    /// Create a topic, its partitions spread over the brokers.
+    #[command(after_help = "Example: keel topic create orders --partitions 6 --replication-factor 3 --retention 7d")]
     Create {
+        /// The topic's name (letters, digits, '.', '_', '-').
         name: String,
+        /// How many partitions (each its own Raft group).
         #[arg(long, default_value_t = 1)]
         partitions: u32,
+        /// Replicas of each partition, on distinct brokers.
         #[arg(long, default_value_t = 1)]
         replication_factor: u32,
         /// Remove records older than this (e.g. 7d, 12h) [default: keep].
@@ -223,18 +239,27 @@ enum TopicCommand {
         #[arg(long)]
         retention_bytes: Option<bytesize::ByteSize>,
     },
+    /// List every topic with its partitions.
     List,
+    /// Show a topic's partitions: replicas, leader, log start, high
+    /// watermark and retention.
     Describe {
+        /// The topic.
         name: String,
     },
+    /// Delete a topic and its records (on every broker).
     Delete {
+        /// The topic.
         name: String,
     },
     /// Move one partition's replicas to other brokers (to drain a broker
     /// before removing it). The partition's leader then changes the
     /// group's membership; `topic describe` shows the voters converge.
+    #[command(after_help = "Example: keel topic move orders --partition 0 --replicas 2,3,4")]
     Move {
+        /// The topic.
         name: String,
+        /// The partition to move.
         #[arg(long)]
         partition: u32,
         /// The new replicas, by broker id: ID,ID,...
@@ -244,7 +269,9 @@ enum TopicCommand {
 }
 
 #[derive(Args)]
+#[command(after_help = "Example: printf 'user-1:hello\\nuser-2:world\\n' | keel produce orders --key-separator :")]
 struct ProduceArgs {
+    /// The topic to append to.
     topic: String,
     /// Split each line at the first SEPARATOR into key and value.
     #[arg(long)]
@@ -252,46 +279,65 @@ struct ProduceArgs {
 }
 
 #[derive(Args)]
+#[command(after_help = "Example: keel consume orders --group billing --max-records 100\n\n\
+    Ctrl-C (or SIGTERM) leaves the group, so its partitions go to the other members at once.")]
 struct ConsumeArgs {
     /// Topics to subscribe to.
     #[arg(required = true)]
     topics: Vec<String>,
+    /// The consumer group to join.
     #[arg(long)]
     group: String,
     /// This member's id (default: keel-cli-<process id>).
     #[arg(long)]
     member: Option<String>,
+    /// Milliseconds without a heartbeat after which the group drops this
+    /// member and gives its partitions to others.
     #[arg(long, default_value_t = 10_000)]
     session_timeout_ms: u64,
     /// Stop after this many records.
     #[arg(long)]
     max_records: Option<u64>,
-    /// Stop after this long without a record.
+    /// Stop after this many milliseconds without a record.
     #[arg(long)]
     idle_timeout_ms: Option<u64>,
 }
 
 #[derive(Args)]
+#[command(after_help = "Example: keel read orders --partition 2 --offset 0 --max-records 10")]
 struct ReadArgs {
+    /// The topic.
     topic: String,
+    /// The partition to read.
     #[arg(long, default_value_t = 0)]
     partition: u32,
+    /// The first offset to read.
     #[arg(long, default_value_t = 0)]
     offset: u64,
+    /// Read at most this many records.
     #[arg(long, default_value_t = 100)]
     max_records: u32,
 }
 
 #[derive(Subcommand)]
 enum GroupCommand {
-    /// Members, assignment, committed position and lag per partition.
-    Describe { name: String },
+    /// Members, assignment, committed position and lag of every partition
+    /// the group reads or has a position on.
+    Describe {
+        /// The group.
+        name: String,
+    },
     /// Set the group's position on every partition of a topic (the group
     /// must have no members): earliest, latest, or an offset.
+    #[command(after_help = "Example: keel group reset billing --topic orders --to earliest")]
     Reset {
+        /// The group.
         name: String,
+        /// The topic whose partitions get the new position.
         #[arg(long)]
         topic: String,
+        /// earliest (the log start), latest (the high watermark), or an
+        /// offset.
         #[arg(long, default_value = "earliest")]
         to: String,
     },
@@ -299,10 +345,13 @@ enum GroupCommand {
 
 #[derive(Subcommand)]
 enum ClusterCommand {
+    /// Show the brokers (address, liveness, replicas) and the metadata
+    /// leader and voters.
     Status,
     /// Move every replica off a broker and wait until no partition group
     /// names it (then it can be removed). Nothing new is placed on it.
     Drain {
+        /// The broker's id.
         id: u64,
         /// Give up waiting after this many seconds (the drain goes on).
         #[arg(long, default_value_t = 600)]
@@ -310,6 +359,7 @@ enum ClusterCommand {
     },
     /// Remove a broker that holds no replicas (drain it first).
     RemoveBroker {
+        /// The broker's id.
         id: u64,
     },
 }
@@ -1076,4 +1126,33 @@ async fn read(args: ReadArgs, connection: &Connection) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every subcommand, every flag and every argument has a description.
+    #[test]
+    fn every_command_and_argument_says_what_it_does() {
+        fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for sub in command.get_subcommands() {
+                let path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() {
+                    missing.push(path.clone());
+                }
+                for arg in sub.get_arguments() {
+                    if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                        missing.push(format!("{path} {}", arg.get_id()));
+                    }
+                }
+                walk(sub, &path, missing);
+            }
+        }
+        let command = super::Cli::command();
+        command.clone().debug_assert();
+        let mut missing = Vec::new();
+        walk(&command, "keel", &mut missing);
+        assert!(missing.is_empty(), "without a description: {missing:?}");
+    }
 }
