@@ -15,6 +15,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use tonic::Code;
 
 use crate::group::GroupId;
 use crate::node::Node;
@@ -51,6 +52,35 @@ struct LagLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PeerLabels {
     peer: u64,
+}
+
+/// gRPC's canonical name of a status code, as Prometheus users of gRPC
+/// expect it in a `code` label (`OK`, `NOT_FOUND`).
+pub fn canonical_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
 }
 
 /// Most consumer-lag series one partition reports.
@@ -118,6 +148,9 @@ impl Metrics {
             peer_failed_calls: Family::default(),
             registry: Registry::default(),
         };
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").to_string() }).set(1);
+        registry.register("build_info", "Always 1; the version of keel this broker runs", build_info);
         registry.register("requests", "API requests answered, by RPC and gRPC status code", metrics.requests.clone());
         registry.register("request_duration_seconds", "API request latency, by RPC", metrics.latency.clone());
         registry.register("produced_records", "Records appended by produce requests", metrics.produced_records.clone());
@@ -186,7 +219,7 @@ impl Metrics {
 
     /// Count one answered request and its latency.
     pub fn observe_request(&self, rpc: &str, code: tonic::Code, seconds: f64) {
-        self.requests.get_or_create(&RpcLabels { rpc: rpc.to_string(), code: format!("{code:?}") }).inc();
+        self.requests.get_or_create(&RpcLabels { rpc: rpc.to_string(), code: canonical_name(code).to_string() }).inc();
         self.latency.get_or_create(&LatencyLabels { rpc: rpc.to_string() }).observe(seconds);
     }
 

@@ -398,13 +398,17 @@ impl Node {
         #[cfg(not(madsim))]
         let public = {
             node.inner.health.set_serving::<KeelServer<KeelService>>().await;
-            let reflection = tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(keel_proto::FILE_DESCRIPTOR_SET)
-                .build_v1();
+            // Reflection lists keel's API and the health service, in both
+            // protocol versions: many clients speak only v1alpha.
+            let reflection = || {
+                tonic_reflection::server::Builder::configure()
+                    .register_encoded_file_descriptor_set(keel_proto::FILE_DESCRIPTOR_SET)
+                    .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            };
             let public = public.add_service(health_service);
-            match reflection {
-                Ok(reflection) => public.add_service(reflection),
-                Err(error) => {
+            match (reflection().build_v1(), reflection().build_v1alpha()) {
+                (Ok(v1), Ok(v1alpha)) => public.add_service(v1).add_service(v1alpha),
+                (Err(error), _) | (_, Err(error)) => {
                     tracing::warn!(%error, "gRPC reflection is unavailable");
                     public
                 }

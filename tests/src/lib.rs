@@ -132,13 +132,21 @@ impl Drop for Broker {
 /// `GET path` from an HTTP endpoint (a broker's metrics); the body of a
 /// 200 answer.
 pub fn http_get(address: &str, path: &str) -> String {
+    http_get_accepting(address, path, None).1
+}
+
+/// `GET path` with an `Accept` header if given: the headers (lower-cased)
+/// and the body of a 200 answer.
+pub fn http_get_accepting(address: &str, path: &str, accept: Option<&str>) -> (String, String) {
     use std::io::Read;
     let mut stream = std::net::TcpStream::connect(address).expect("connect to the metrics endpoint");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").unwrap();
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n{accept}\r\n").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     assert!(response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"), "{response}");
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+    let (headers, body) = response.split_once("\r\n\r\n").unwrap_or((response.as_str(), ""));
+    (headers.to_lowercase(), body.to_string())
 }
 
 /// The value of the sample whose name and labels start with `prefix`.

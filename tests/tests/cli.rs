@@ -239,3 +239,111 @@ fn help_describes_every_command_with_defaults_and_examples() {
     assert!(help(&["cluster", "--help"]).contains("Show the brokers"));
     assert!(help(&["topic", "create", "--help"]).contains("Example: keel topic create"));
 }
+
+#[test]
+fn shell_completions_and_a_manual_page() {
+    for shell in ["bash", "zsh", "fish"] {
+        let output = keel(&["completions", shell]);
+        assert!(output.status.success(), "{shell}: {}", stderr(&output));
+        let script = String::from_utf8(output.stdout).unwrap();
+        for word in ["topic", "consume", "broker", "timeout"] {
+            assert!(script.contains(word), "{shell} completions lack {word}");
+        }
+    }
+    let output = keel(&["completions", "tcsh"]);
+    assert_eq!(output.status.code(), Some(2));
+    let output = keel(&["man"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let page = String::from_utf8(output.stdout).unwrap();
+    assert!(page.contains(".TH keel 1"), "{page}");
+    assert!(page.contains("serve"), "{page}");
+}
+
+#[test]
+fn metrics_speak_prometheus_text_or_openmetrics_with_canonical_codes_and_build_info() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let _broker = Broker::start(dir.path(), &address, &["--metrics-listen", &metrics]);
+    cli_ok(&address, &["topic", "list"], "");
+    let _ = cli(&address, &["topic", "describe", "missing"], "");
+
+    let (headers, text) = keel_tests::http_get_accepting(&metrics, "/metrics", None);
+    assert!(headers.contains("content-type: text/plain; version=0.0.4"), "{headers}");
+    assert!(!text.contains("# EOF"), "{text}");
+    assert!(text.contains("# TYPE keel_requests_total counter"), "{text}");
+    assert!(keel_tests::sample(&text, r#"keel_requests_total{rpc="ListTopics",code="OK"}"#) >= 1.0);
+    assert!(keel_tests::sample(&text, r#"keel_requests_total{rpc="DescribeTopic",code="NOT_FOUND"}"#) >= 1.0);
+    assert_eq!(keel_tests::sample(&text, "keel_build_info{version="), 1.0);
+
+    let accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
+    let (headers, open) = keel_tests::http_get_accepting(&metrics, "/metrics", Some(accept));
+    assert!(headers.contains("content-type: application/openmetrics-text"), "{headers}");
+    assert!(open.trim_end().ends_with("# EOF"), "{open}");
+    assert!(open.contains("# TYPE keel_requests counter"), "{open}");
+}
+
+#[tokio::test]
+async fn reflection_lists_the_api_and_health_in_v1_and_v1alpha() {
+    use tonic_reflection::pb::{v1, v1alpha};
+    let (_dir, _broker, address) = one_broker().await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
+
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1alpha::server_reflection_request::MessageRequest::ListServices(String::new())),
+    };
+    let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let mut answers = client.server_reflection_info(futures_util::stream::iter([request])).await.unwrap().into_inner();
+    let Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(listed)) =
+        answers.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("not a service list");
+    };
+    let alpha: Vec<String> = listed.service.into_iter().map(|s| s.name).collect();
+
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(String::new())),
+    };
+    let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel);
+    let mut answers = client.server_reflection_info(futures_util::stream::iter([request])).await.unwrap().into_inner();
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(listed)) =
+        answers.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("not a service list");
+    };
+    let one: Vec<String> = listed.service.into_iter().map(|s| s.name).collect();
+
+    for services in [&alpha, &one] {
+        assert!(services.iter().any(|s| s == "grpc.health.v1.Health"), "{services:?}");
+        assert!(services.iter().any(|s| s.starts_with("keel.") && s.ends_with(".Keel")), "{services:?}");
+    }
+}
+
+#[test]
+fn the_readme_config_file_example_uses_only_settings_serve_has() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let block = readme.split("```toml\n").nth(1).and_then(|rest| rest.split("```").next()).expect("a toml block");
+    let settings: toml::Table = toml::from_str(block).expect("the README's TOML parses");
+    let help = String::from_utf8(keel(&["serve", "--help"]).stdout).unwrap();
+    for key in settings.keys() {
+        assert!(help.contains(&format!("--{key} ")), "README setting {key} is not a serve flag");
+    }
+    assert!(settings["peers"].is_array(), "peers is an array");
+
+    // And serve accepts it: the same file with loopback addresses.
+    let dir = tempfile::TempDir::new().unwrap();
+    let (port, metrics) = (free_port(), free_port());
+    let local = block
+        .replace("10.0.0.1:7070", &format!("127.0.0.1:{port}"))
+        .replace("10.0.0.1:7170", &format!("127.0.0.1:{}", port + 100))
+        .replace("10.0.0.1:9464", &format!("127.0.0.1:{metrics}"))
+        .replace(r#", "2=10.0.0.2:7170", "3=10.0.0.3:7170""#, "")
+        .replace("/var/lib/keel", &dir.path().join("data").display().to_string());
+    let config = dir.path().join("keel.toml");
+    std::fs::write(&config, local).unwrap();
+    let config = config.display().to_string();
+    let _broker = Broker::start(dir.path(), &format!("127.0.0.1:{port}"), &["--config", &config]);
+    assert!(keel_tests::http_get(&format!("127.0.0.1:{metrics}"), "/metrics").contains("keel_build_info"));
+}

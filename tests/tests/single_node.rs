@@ -87,7 +87,7 @@ fn prometheus_metrics_show_traffic_raft_state_and_lag() {
     assert_eq!(sample(&metrics, "keel_produced_records_total"), 4.0);
     assert!(sample(&metrics, "keel_polled_records_total") >= 1.0);
     assert!(sample(&metrics, "keel_acks_total") >= 1.0);
-    assert!(sample(&metrics, r#"keel_requests_total{rpc="Produce",code="Ok"}"#) >= 1.0);
+    assert!(sample(&metrics, r#"keel_requests_total{rpc="Produce",code="OK"}"#) >= 1.0);
     assert!(sample(&metrics, r#"keel_request_duration_seconds_count{rpc="Produce"}"#) >= 1.0);
     assert_eq!(sample(&metrics, r#"keel_raft_leader{raft_group="metadata"}"#), 1.0);
     assert!(sample(&metrics, r#"keel_raft_term{raft_group="metadata"}"#) >= 1.0);
@@ -104,7 +104,7 @@ fn prometheus_metrics_show_traffic_raft_state_and_lag() {
     // A bad request is counted with its status code.
     cli(&address, &["topic", "describe", "missing"], "");
     let metrics = http_get(&metrics_address, "/metrics");
-    assert!(sample(&metrics, r#"keel_requests_total{rpc="DescribeTopic",code="NotFound"}"#) >= 1.0);
+    assert!(sample(&metrics, r#"keel_requests_total{rpc="DescribeTopic",code="NOT_FOUND"}"#) >= 1.0);
 }
 
 /// Retention set at `keel topic create` runs by itself: once the partition

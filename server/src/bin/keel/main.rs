@@ -61,6 +61,15 @@ enum Command {
     /// Measure a cluster: produce or consume load, with rates and latency.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Print a shell completion script.
+    #[command(after_help = "Examples:\n  keel completions bash > /etc/bash_completion.d/keel\n  \
+        keel completions zsh > \"${fpath[1]}/_keel\"\n  keel completions fish > ~/.config/fish/completions/keel.fish")]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print keel's manual page (roff), e.g. `keel man | man -l -`.
+    Man,
 }
 
 #[derive(Args, Default, Deserialize)]
@@ -405,6 +414,15 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
         Command::Read(args) => read(args, connection).await,
         Command::Consume(args) => consume(args, connection).await,
         Command::Bench(command) => bench::run(command, connection).await,
+        Command::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "keel", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man => {
+            use clap::CommandFactory;
+            clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()).context("writing the manual page")
+        }
         Command::Group(command) => group(command, connection).await,
         Command::Cluster(ClusterCommand::Drain { id, timeout_secs }) => {
             drain(id, std::time::Duration::from_secs(timeout_secs), connection).await
@@ -718,11 +736,21 @@ async fn serve_metrics(node: Node, address: SocketAddr) -> anyhow::Result<()> {
         .with_context(|| format!("binding the metrics address {address}"))?;
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
             let node = node.clone();
             async move {
-                let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-                ([(axum::http::header::CONTENT_TYPE, content_type)], node.render_metrics())
+                // OpenMetrics for scrapers that ask for it (Prometheus does);
+                // the classic text format for everything else (curl, older
+                // scrapers).
+                let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+                let text = node.render_metrics();
+                if accept.contains("application/openmetrics-text") {
+                    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+                    ([(axum::http::header::CONTENT_TYPE, content_type)], text)
+                } else {
+                    let content_type = "text/plain; version=0.0.4; charset=utf-8";
+                    ([(axum::http::header::CONTENT_TYPE, content_type)], prometheus_text(&text))
+                }
             }
         }),
     );
@@ -732,6 +760,28 @@ async fn serve_metrics(node: Node, address: SocketAddr) -> anyhow::Result<()> {
         }
     });
     Ok(())
+}
+
+/// The Prometheus text format (0.0.4) of an OpenMetrics exposition: a
+/// counter's HELP and TYPE name its `_total` samples, and OpenMetrics'
+/// `# UNIT` and `# EOF` lines go.
+fn prometheus_text(openmetrics: &str) -> String {
+    let counters: std::collections::BTreeSet<&str> =
+        openmetrics.lines().filter_map(|line| line.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut text = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters.contains(name).then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        text.push_str(renamed.as_deref().unwrap_or(line));
+        text.push('\n');
+    }
+    text
 }
 
 async fn wait_until_registered(node: &Node) -> anyhow::Result<()> {
