@@ -16,5 +16,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .btree_map(["."])
         .file_descriptor_set_path(&descriptors)
         .compile_protos(&["proto/raft.proto", "proto/keel.proto"], &["proto"])?;
+    // serde for the public API, in the proto3 JSON mapping, with the field
+    // names of the .proto files and every field present.
+    let descriptor_set = std::fs::read(&descriptors)?;
+    pbjson_build::Builder::new()
+        .register_descriptors(&descriptor_set)?
+        .preserve_proto_field_names()
+        .emit_fields()
+        .btree_map(["."])
+        .build(&[".keel.v1"])?;
     Ok(())
 }

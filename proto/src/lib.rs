@@ -16,6 +16,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "
 pub mod v1 {
     #![allow(clippy::all)]
     tonic::include_proto!("keel.v1");
+    include!(concat!(env!("OUT_DIR"), "/keel.v1.serde.rs"));
 }
 
 /// The internal Raft transport between brokers.

@@ -159,6 +159,15 @@ pub fn sample(metrics: &str, prefix: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {prefix} in\n{metrics}"))
 }
 
+/// A number from `--json` output: 64-bit integers come as strings (the
+/// proto3 JSON mapping), smaller ones as numbers.
+pub fn number(value: &serde_json::Value) -> u64 {
+    match value {
+        serde_json::Value::String(text) => text.parse().unwrap_or_else(|_| panic!("not a number: {value}")),
+        other => other.as_u64().unwrap_or_else(|| panic!("not a number: {other}")),
+    }
+}
+
 /// Send `signal` to a child process (no `kill` binary needed).
 pub fn signal(child: &Child, signal: rustix::process::Signal) {
     let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's pid is positive");

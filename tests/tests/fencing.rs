@@ -23,7 +23,7 @@ fn positions(broker: &str) -> Vec<u64> {
             .unwrap()
             .iter()
             .find(|p| p["partition"].as_u64() == Some(u64::from(partition)))
-            .and_then(|p| p["position"].as_u64());
+            .map(|p| keel_tests::number(&p["position"]));
         positions.extend(position);
     }
     positions

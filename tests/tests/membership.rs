@@ -24,11 +24,11 @@ fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 
 /// Partition `p` of `topic` as broker `broker` sees it.
 fn partition(broker: &str, topic: &str, p: usize) -> serde_json::Value {
-    json(broker, &["topic", "describe", topic, "--json"])[0]["partitions"][p].clone()
+    json(broker, &["topic", "describe", topic, "--json"])["partitions"][p].clone()
 }
 
 fn ids(value: &serde_json::Value) -> Vec<u64> {
-    let mut ids: Vec<u64> = value.as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+    let mut ids: Vec<u64> = value.as_array().unwrap().iter().map(keel_tests::number).collect();
     ids.sort();
     ids
 }
@@ -121,17 +121,17 @@ fn a_broker_joins_takes_over_replicas_and_another_is_drained_and_removed() {
     broker1.take().unwrap().kill();
     let cluster = json(b2, &["cluster", "status", "--json"]);
     let mut brokers: Vec<u64> =
-        cluster["brokers"].as_array().unwrap().iter().map(|b| b["id"].as_u64().unwrap()).collect();
+        cluster["brokers"].as_array().unwrap().iter().map(|b| keel_tests::number(&b["id"])).collect();
     brokers.sort();
     assert_eq!(brokers, [2, 3, 4]);
     eventually("a metadata leader among brokers 2-4", || {
-        let leader = json(b4, &["cluster", "status", "--json"])["metadata_leader"].as_u64().unwrap_or(0);
+        let leader = keel_tests::number(&json(b4, &["cluster", "status", "--json"])["metadata_leader"]);
         (2..=4).contains(&leader)
     });
     cli_ok(b4, &["produce", "moves"], "after-removal\n");
     cli_ok(b4, &["topic", "create", "after", "--partitions", "3", "--replication-factor", "3"], "");
     let after = json(b4, &["topic", "describe", "after", "--json"]);
-    for p in after[0]["partitions"].as_array().unwrap() {
+    for p in after["partitions"].as_array().unwrap() {
         assert!(!ids(&p["replicas"]).contains(&1), "a removed broker gets no replicas: {p}");
     }
 }
@@ -161,7 +161,7 @@ fn a_broker_still_in_a_moving_group_is_not_removed() {
     // One partition per broker, replication factor 1.
     cli_ok(b2, &["topic", "create", "solo", "--partitions", "4", "--replication-factor", "1"], "");
     let described = json(b2, &["topic", "describe", "solo", "--json"]);
-    let on_1 = described[0]["partitions"]
+    let on_1 = described["partitions"]
         .as_array()
         .unwrap()
         .iter()
@@ -169,7 +169,9 @@ fn a_broker_still_in_a_moving_group_is_not_removed() {
         .expect("a partition on broker 1");
     let b1 = addresses[0].as_str();
     // Only a broker that hosts a partition knows its leader.
-    eventually("the partition on broker 1 to have a leader", || partition(b1, "solo", on_1)["leader"] == 1);
+    eventually("the partition on broker 1 to have a leader", || {
+        keel_tests::number(&partition(b1, "solo", on_1)["leader"]) == 1
+    });
     let records: String = (0..20).map(|i| format!("v{i}\n")).collect();
     let producer = cli(b2, &["produce", "solo"], &records);
     assert!(producer.status.success());

@@ -2,7 +2,7 @@
 //! through the CLI; then bad input, which must get a clear error and leave
 //! the broker serving.
 
-use keel_tests::{cli, cli_ok, free_port, http_get, sample, Broker};
+use keel_tests::{cli, cli_ok, free_port, http_get, number, sample, Broker};
 
 #[test]
 fn quick_start_through_the_cli() {
@@ -17,8 +17,8 @@ fn quick_start_through_the_cli() {
     // Keyed records of one key land in one partition, in order.
     let described: serde_json::Value =
         serde_json::from_str(&cli_ok(&address, &["topic", "describe", "orders", "--json"], "")).unwrap();
-    let partitions = described[0]["partitions"].as_array().unwrap();
-    let total: u64 = partitions.iter().map(|p| p["high_watermark"].as_u64().unwrap()).sum();
+    let partitions = described["partitions"].as_array().unwrap();
+    let total: u64 = partitions.iter().map(|p| number(&p["high_watermark"])).sum();
     assert_eq!(total, 3);
     let mut values = Vec::new();
     for partition in 0..3 {
@@ -58,7 +58,7 @@ fn quick_start_through_the_cli() {
         assert!(stderr.contains(expected), "keel {args:?}: expected {expected:?} in {stderr}");
     }
     let listed: serde_json::Value = serde_json::from_str(&cli_ok(&address, &["topic", "list", "--json"], "")).unwrap();
-    assert_eq!(listed.as_array().unwrap().len(), 1, "bad input created nothing");
+    assert_eq!(listed["topics"].as_array().unwrap().len(), 1, "bad input created nothing");
 
     // A graceful shutdown, then a restart from the same directory keeps
     // every record.
@@ -66,8 +66,7 @@ fn quick_start_through_the_cli() {
     let _broker = Broker::start(dir.path(), &address, &[]);
     let listed: serde_json::Value =
         serde_json::from_str(&cli_ok(&address, &["topic", "describe", "orders", "--json"], "")).unwrap();
-    let total: u64 =
-        listed[0]["partitions"].as_array().unwrap().iter().map(|p| p["high_watermark"].as_u64().unwrap()).sum();
+    let total: u64 = listed["partitions"].as_array().unwrap().iter().map(|p| number(&p["high_watermark"])).sum();
     assert_eq!(total, 3);
 }
 
@@ -125,9 +124,9 @@ fn retention_by_size_moves_the_log_start() {
     let log_start = || {
         let described: serde_json::Value =
             serde_json::from_str(&cli_ok(&address, &["topic", "describe", "kept", "--json"], "")).unwrap();
-        assert_eq!(described[0]["retention_bytes"], 2048, "{described}");
-        assert!(described[0]["retention_ms"].is_null(), "no age limit: {described}");
-        described[0]["partitions"][0]["log_start"].as_u64().unwrap()
+        assert_eq!(described["retention_bytes"], "2048", "{described}");
+        assert!(described["retention_ms"].is_null(), "no age limit: {described}");
+        number(&described["partitions"][0]["log_start"])
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while log_start() == 0 {

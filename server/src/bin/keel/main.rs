@@ -429,7 +429,11 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
         }
         Command::Cluster(ClusterCommand::RemoveBroker { id }) => {
             connection.client()?.remove_broker(id).await?;
-            println!("removed broker {id}");
+            if connection.json {
+                print_json(&pb::RemoveBrokerRequest { broker: id });
+            } else {
+                println!("removed broker {id}");
+            }
             Ok(())
         }
         Command::Cluster(ClusterCommand::Status) => {
@@ -442,15 +446,7 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
                 }
             }
             if connection.json {
-                let brokers: Vec<_> = cluster
-                    .brokers
-                    .iter()
-                    .map(|b| serde_json::json!({"id": b.id, "address": b.address, "internal_address": b.internal_address, "live": b.live, "last_contact_ms": b.last_contact_ms, "replicas": b.replicas, "draining": b.draining}))
-                    .collect();
-                println!(
-                    "{}",
-                    serde_json::json!({"brokers": brokers, "metadata_leader": cluster.metadata_leader, "metadata_voters": cluster.metadata_voters, "cluster_id": cluster.cluster_id})
-                );
+                print_json(&cluster);
             } else {
                 println!("{:<8} {:<24} {:<6} {:>8} ROLE", "BROKER", "ADDRESS", "LIVE", "REPLICAS");
                 for broker in &cluster.brokers {
@@ -504,7 +500,7 @@ async fn drain(id: u64, timeout: std::time::Duration, connection: &Connection) -
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
     if connection.json {
-        println!("{}", serde_json::json!({"broker": id, "moved": moved, "replicas": 0}));
+        print_json(&pb::DrainBrokerResponse { moved });
     } else {
         println!("broker {id} holds no replicas: remove it with `keel cluster remove-broker {id}`");
     }
@@ -831,27 +827,21 @@ impl Interrupts {
     }
 }
 
-fn print_topics(topics: &[pb::TopicDescription], json: bool) {
+/// A topic table; with `--json`, one topic is its `TopicDescription` and
+/// a list is a `ListTopicsResponse`.
+fn print_topics(topics: Vec<pb::TopicDescription>, json: bool, one: bool) {
     if json {
-        let topics: Vec<_> = topics
-            .iter()
-            .map(|t| {
-                let partitions: Vec<_> = t
-                    .partitions
-                    .iter()
-                    .map(|p| serde_json::json!({"partition": p.partition, "replicas": p.replicas, "leader": p.leader, "voters": p.voters, "log_start": p.log_start, "high_watermark": p.high_watermark}))
-                    .collect();
-                serde_json::json!({"name": t.name, "replication_factor": t.replication_factor, "retention_ms": t.retention_ms, "retention_bytes": t.retention_bytes, "partitions": partitions})
-            })
-            .collect();
-        println!("{}", serde_json::Value::Array(topics));
+        match (one, topics.first()) {
+            (true, Some(topic)) => print_json(topic),
+            _ => print_json(&pb::ListTopicsResponse { topics }),
+        }
         return;
     }
     println!(
         "{:<24} {:>9} {:<16} {:>7} {:>10} {:>14}  RETENTION",
         "TOPIC", "PARTITION", "REPLICAS", "LEADER", "LOG START", "HIGH WATERMARK"
     );
-    for topic in topics {
+    for topic in &topics {
         let age =
             topic.retention_ms.map(|ms| humantime::format_duration(std::time::Duration::from_millis(ms)).to_string());
         let size = topic.retention_bytes.map(|bytes| bytesize::ByteSize::b(bytes).display().iec().to_string());
@@ -878,19 +868,16 @@ async fn topic(command: TopicCommand, connection: &Connection) -> anyhow::Result
             let request =
                 pb::CreateTopicRequest { topic: name, partitions, replication_factor, retention_ms, retention_bytes };
             let topic = connection.client()?.create_topic(request).await?;
-            print_topics(&[topic], connection.json);
+            print_topics(vec![topic], connection.json, true);
         }
-        TopicCommand::List => print_topics(&connection.client()?.list_topics().await?, connection.json),
+        TopicCommand::List => print_topics(connection.client()?.list_topics().await?, connection.json, false),
         TopicCommand::Describe { name } => {
-            print_topics(&[connection.client()?.describe_topic(&name).await?], connection.json)
+            print_topics(vec![connection.client()?.describe_topic(&name).await?], connection.json, true)
         }
         TopicCommand::Move { name, partition, replicas } => {
             let moved = connection.client()?.move_partition(&name, partition, replicas).await?;
             if connection.json {
-                println!(
-                    "{}",
-                    serde_json::json!({"topic": name, "partition": moved.partition, "replicas": moved.replicas, "voters": moved.voters})
-                );
+                print_json(&pb::MovePartitionResponse { partition: Some(moved) });
             } else {
                 println!(
                     "partition {name}/{} now placed on {:?}; its leader moves the Raft membership there next",
@@ -900,7 +887,9 @@ async fn topic(command: TopicCommand, connection: &Connection) -> anyhow::Result
         }
         TopicCommand::Delete { name } => {
             connection.client()?.delete_topic(&name).await?;
-            if !connection.json {
+            if connection.json {
+                print_json(&pb::DeleteTopicRequest { topic: name });
+            } else {
                 println!("deleted topic {name}");
             }
         }
@@ -935,7 +924,7 @@ async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<(
                     if json {
                         println!(
                             "{}",
-                            serde_json::json!({"partition": delivered.partition, "offset": delivered.offset})
+                            serde_json::json!({"partition": delivered.partition, "offset": delivered.offset.to_string()})
                         );
                     }
                 }
@@ -969,6 +958,44 @@ async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<(
         eprintln!("produced {count} records to {}", args.topic);
     }
     Ok(())
+}
+
+/// Print one JSON document on a line: an API message in the proto3 JSON
+/// mapping (field names as in the .proto files, 64-bit integers as strings,
+/// every field present), or a document built of them.
+fn print_json(value: &impl serde::Serialize) {
+    match serde_json::to_string(value) {
+        Ok(text) => println!("{text}"),
+        Err(error) => eprintln!("error: the answer did not encode as JSON: {error}"),
+    }
+}
+
+/// A record as `keel consume --json` and `keel read --json` print it: its
+/// offset and append time as strings (as in the proto3 JSON mapping), key
+/// and value as text when they are UTF-8, else as base64 in `key_base64`
+/// and `value_base64`.
+fn record_json(at: Option<(&str, u32)>, stored: &pb::StoredRecord) -> serde_json::Value {
+    use base64::Engine;
+    let record = stored.record.clone().unwrap_or_default();
+    let mut json = serde_json::json!({
+        "offset": stored.offset.to_string(),
+        "append_time_ms": stored.append_time_ms.to_string(),
+    });
+    if let Some((topic, partition)) = at {
+        json["topic"] = topic.into();
+        json["partition"] = partition.into();
+    }
+    let mut bytes = |name: &str, value: Option<&[u8]>| match value.map(std::str::from_utf8) {
+        None => json[name] = serde_json::Value::Null,
+        Some(Ok(text)) => json[name] = text.into(),
+        Some(Err(_)) => {
+            json[format!("{name}_base64")] =
+                base64::engine::general_purpose::STANDARD.encode(value.unwrap_or_default()).into()
+        }
+    };
+    bytes("key", record.key.as_deref());
+    bytes("value", Some(&record.value));
+    json
 }
 
 /// Position requests `keel group describe` keeps in flight.
@@ -1020,11 +1047,7 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
             let record = delivery.record.record.clone().unwrap_or_default();
             let value = String::from_utf8_lossy(&record.value);
             if connection.json {
-                let key = record.key.as_ref().map(|k| String::from_utf8_lossy(k).to_string());
-                println!(
-                    "{}",
-                    serde_json::json!({"topic": delivery.topic, "partition": delivery.partition, "offset": delivery.record.offset, "key": key, "value": value})
-                );
+                print_json(&record_json(Some((&delivery.topic, delivery.partition)), &delivery.record));
             } else {
                 println!("{}/{}\t{}\t{value}", delivery.topic, delivery.partition, delivery.record.offset);
             }
@@ -1085,26 +1108,20 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                 }
             }
             if connection.json {
-                let members: Vec<_> = described
-                    .members
-                    .iter()
-                    .map(|m| {
-                        let partitions: Vec<_> = m
-                            .partitions
-                            .iter()
-                            .map(|p| serde_json::json!({"topic": p.topic, "partition": p.partition}))
-                            .collect();
-                        serde_json::json!({"member": m.member, "topics": m.topics, "partitions": partitions})
-                    })
-                    .collect();
                 let partitions: Vec<_> = rows
                     .iter()
-                    .map(|(topic, partition, member, pos)| serde_json::json!({"topic": topic, "partition": partition, "member": member, "position": pos.position, "committed": pos.committed, "log_start": pos.log_start, "high_watermark": pos.high_watermark, "lag": pos.high_watermark.saturating_sub(pos.position)}))
+                    .map(|(topic, partition, member, pos)| {
+                        let mut row = serde_json::to_value(pos).expect("a message serialises");
+                        row["topic"] = topic.clone().into();
+                        row["partition"] = (*partition).into();
+                        row["member"] = member.clone().into();
+                        row["lag"] = pos.high_watermark.saturating_sub(pos.position).to_string().into();
+                        row
+                    })
                     .collect();
-                println!(
-                    "{}",
-                    serde_json::json!({"group": described.group, "generation": described.generation, "members": members, "partitions": partitions})
-                );
+                let mut described = serde_json::to_value(&described).expect("a message serialises");
+                described["partitions"] = partitions.into();
+                print_json(&described);
             } else {
                 println!(
                     "group {} generation {} members {}",
@@ -1136,6 +1153,7 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                 ),
             };
             let partitions = client.describe_topic(&topic).await?.partitions.len() as u32;
+            let mut positions = Vec::new();
             for partition in 0..partitions {
                 let request = pb::ResetGroupPositionRequest {
                     group: name.clone(),
@@ -1147,6 +1165,10 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                 if !connection.json {
                     println!("{topic}/{partition}: position {position}");
                 }
+                positions.push(serde_json::json!({"partition": partition, "position": position.to_string()}));
+            }
+            if connection.json {
+                print_json(&serde_json::json!({"group": name, "topic": topic, "partitions": positions}));
             }
         }
     }
@@ -1163,16 +1185,11 @@ async fn read(args: ReadArgs, connection: &Connection) -> anyhow::Result<()> {
     };
     let response = connection.client()?.read(request).await?;
     for stored in response.records {
-        let record = stored.record.unwrap_or_default();
-        let value = String::from_utf8_lossy(&record.value);
         if connection.json {
-            let key = record.key.as_ref().map(|k| String::from_utf8_lossy(k).to_string());
-            println!(
-                "{}",
-                serde_json::json!({"offset": stored.offset, "append_time_ms": stored.append_time_ms, "key": key, "value": value})
-            );
+            print_json(&record_json(None, &stored));
         } else {
-            println!("{}\t{value}", stored.offset);
+            let record = stored.record.unwrap_or_default();
+            println!("{}\t{}", stored.offset, String::from_utf8_lossy(&record.value));
         }
     }
     Ok(())
@@ -1181,6 +1198,22 @@ async fn read(args: ReadArgs, connection: &Connection) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+    use keel_client::pb;
+
+    #[test]
+    fn records_print_text_as_text_and_other_bytes_as_base64() {
+        let stored = pb::StoredRecord {
+            offset: u64::MAX,
+            append_time_ms: 7,
+            record: Some(pb::Record { key: Some(b"k".to_vec()), value: vec![0xff, 0x00], ..Default::default() }),
+        };
+        let json = super::record_json(Some(("t", 3)), &stored);
+        assert_eq!(json["offset"], "18446744073709551615");
+        assert_eq!((json["topic"].as_str(), json["partition"].as_u64()), (Some("t"), Some(3)));
+        assert_eq!(json["key"], "k");
+        assert!(json.get("value").is_none(), "{json}");
+        assert_eq!(json["value_base64"], "/wA=");
+    }
 
     /// Every subcommand, every flag and every argument has a description.
     #[test]
