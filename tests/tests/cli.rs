@@ -408,3 +408,29 @@ async fn every_command_prints_one_documented_json_shape_with_64_bit_integers_as_
     let deleted = one(&["topic", "delete", "shapes"], "");
     assert_eq!(deleted["topic"], "shapes");
 }
+
+#[tokio::test]
+async fn consume_and_read_show_keys_and_take_a_format_and_an_encoding() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "keyed", "--partitions", "1"], "");
+    cli_ok(&address, &["produce", "keyed", "--key-separator", ":"], "user-1:hello\nuser-2:wörld\n");
+
+    // The default line: where, offset, key, value.
+    let read = cli_ok(&address, &["read", "keyed"], "");
+    assert_eq!(read, "keyed/0\t0\tuser-1\thello\nkeyed/0\t1\tuser-2\twörld\n");
+    let consumed = cli_ok(&address, &["consume", "keyed", "--group", "g", "--max-records", "2"], "");
+    assert_eq!(consumed, read);
+
+    let formatted = cli_ok(&address, &["read", "keyed", "--format", r"%k=%v@%o %T\n"], "");
+    let first = formatted.lines().next().unwrap();
+    assert!(first.starts_with("user-1=hello@0 ") && first.split(' ').nth(1).unwrap().parse::<u64>().is_ok(), "{first}");
+    let hex = cli_ok(&address, &["read", "keyed", "--format", r"%v\n", "--encoding", "hex", "--offset", "1"], "");
+    assert_eq!(hex, "77c3b6726c64\n");
+    let base64 =
+        cli_ok(&address, &["read", "keyed", "--format", r"%v\n", "--encoding", "base64", "--max-records", "1"], "");
+    assert_eq!(base64, "aGVsbG8=\n");
+
+    let output = cli(&address, &["read", "keyed", "--format", "%q"], "");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(&output).contains("unknown field %q"), "{}", stderr(&output));
+}

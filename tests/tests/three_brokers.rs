@@ -277,3 +277,33 @@ fn a_topic_created_while_a_broker_is_down_gets_leaders_everywhere() {
     assert!(keel_tests::sample(&metrics, "keel_peer_failed_calls_total{peer=\"1\"}") > 0.0, "{metrics}");
     assert_eq!(keel_tests::sample(&metrics, "keel_peer_up{peer=\"1\"}"), 1.0, "{metrics}");
 }
+
+/// `topic describe` on any broker shows every partition as a replica sees
+/// it (leader, voters, high watermark), also those the broker asked does
+/// not host; a partition no replica answers for is marked unknown, not 0.
+#[test]
+fn topic_describe_shows_what_the_replicas_report() {
+    let mut cluster = Cluster::start();
+    let b1 = cluster.addresses[0].clone();
+    cli_ok(&b1, &["topic", "create", "spread", "--partitions", "3", "--replication-factor", "1"], "");
+    let lines: String = (0..30).map(|i| format!("k{i}:v{i}\n")).collect();
+    cli_ok(&b1, &["produce", "spread", "--key-separator", ":"], &lines);
+    for address in &cluster.addresses {
+        let described: serde_json::Value =
+            serde_json::from_str(&cli_ok(address, &["topic", "describe", "spread", "--json"], "")).unwrap();
+        let partitions = described["partitions"].as_array().unwrap();
+        assert!(partitions.iter().all(|p| p["hosted"] == true), "{described}");
+        assert!(
+            partitions.iter().all(|p| p["voters"] == p["replicas"] && p["leader"] == p["replicas"][0]),
+            "{described}"
+        );
+        assert_eq!(partitions.iter().map(|p| keel_tests::number(&p["high_watermark"])).sum::<u64>(), 30, "{described}");
+        let text = cli_ok(address, &["topic", "describe", "spread"], "");
+        assert!(text.contains("VOTERS") && !text.contains('?'), "{text}");
+    }
+    // Broker 3 down: its partition has no replica to ask.
+    cluster.kill(2);
+    let text = cli_ok(&b1, &["topic", "describe", "spread", "--timeout", "5s"], "");
+    let unknown = text.lines().filter(|line| line.contains('?')).count();
+    assert_eq!(unknown, 1, "{text}");
+}

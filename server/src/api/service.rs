@@ -216,6 +216,7 @@ impl KeelService {
                     log_start: state.as_ref().map_or(0, |s| s.log_start().0),
                     high_watermark: state.as_ref().map_or(0, |s| s.high_watermark().0),
                     voters,
+                    hosted: state.is_some(),
                 }
             })
             .collect();

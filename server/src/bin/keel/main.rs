@@ -16,6 +16,7 @@ use keel_server::storage::NodeStore;
 use serde::Deserialize;
 
 mod bench;
+mod format;
 
 #[derive(Parser)]
 #[command(
@@ -310,6 +311,34 @@ struct ConsumeArgs {
     /// Stop after this many milliseconds without a record.
     #[arg(long)]
     idle_timeout_ms: Option<u64>,
+    #[command(flatten)]
+    output: RecordOutput,
+}
+
+/// How `consume` and `read` print records (without `--json`).
+#[derive(Args)]
+struct RecordOutput {
+    /// A line per record built of fields: %t topic, %p partition, %o
+    /// offset, %k key, %v value, %T append time (ms since the epoch), %h
+    /// headers (k=v,...), %% a percent sign; \n newline, \t tab [default:
+    /// "%t/%p\t%o\t%k\t%v\n"].
+    #[arg(long)]
+    format: Option<format::RecordFormat>,
+    /// How keys, values and header values are written: as their bytes,
+    /// hex or base64.
+    #[arg(long, value_enum, default_value_t = format::Encoding::Raw)]
+    encoding: format::Encoding,
+}
+
+/// The default line of `consume` and `read`: where, offset, key, value.
+const DEFAULT_RECORD_FORMAT: &str = "%t/%p\\t%o\\t%k\\t%v\\n";
+
+impl RecordOutput {
+    fn print(&self, topic: &str, partition: u32, stored: &pb::StoredRecord) {
+        let default = || DEFAULT_RECORD_FORMAT.parse::<format::RecordFormat>().expect("the default format parses");
+        let format = self.format.clone().unwrap_or_else(default);
+        format.print(topic, partition, stored, self.encoding);
+    }
 }
 
 #[derive(Args)]
@@ -326,6 +355,8 @@ struct ReadArgs {
     /// Read at most this many records.
     #[arg(long, default_value_t = 100)]
     max_records: u32,
+    #[command(flatten)]
+    output: RecordOutput,
 }
 
 #[derive(Subcommand)]
@@ -838,8 +869,8 @@ fn print_topics(topics: Vec<pb::TopicDescription>, json: bool, one: bool) {
         return;
     }
     println!(
-        "{:<24} {:>9} {:<16} {:>7} {:>10} {:>14}  RETENTION",
-        "TOPIC", "PARTITION", "REPLICAS", "LEADER", "LOG START", "HIGH WATERMARK"
+        "{:<24} {:>9} {:<16} {:<16} {:>7} {:>10} {:>14}  RETENTION",
+        "TOPIC", "PARTITION", "REPLICAS", "VOTERS", "LEADER", "LOG START", "HIGH WATERMARK"
     );
     for topic in &topics {
         let age =
@@ -850,12 +881,62 @@ fn print_topics(topics: Vec<pb::TopicDescription>, json: bool, one: bool) {
             (age, size) => [age, size].into_iter().flatten().collect::<Vec<_>>().join(", "),
         };
         for p in &topic.partitions {
-            let replicas = p.replicas.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+            let ids = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+            // What no replica could tell is unknown, not 0.
+            let known = |value: u64| if p.hosted { value.to_string() } else { "?".to_string() };
+            let voters = if p.hosted { ids(&p.voters) } else { "?".to_string() };
             let leader = if p.leader == 0 { "-".to_string() } else { p.leader.to_string() };
             println!(
-                "{:<24} {:>9} {:<16} {:>7} {:>10} {:>14}  {retention}",
-                topic.name, p.partition, replicas, leader, p.log_start, p.high_watermark
+                "{:<24} {:>9} {:<16} {:<16} {:>7} {:>10} {:>14}  {retention}",
+                topic.name,
+                p.partition,
+                ids(&p.replicas),
+                voters,
+                leader,
+                known(p.log_start),
+                known(p.high_watermark)
             );
+        }
+    }
+}
+
+/// Fill in the partitions the answering broker does not host (their
+/// leader, log start, high watermark and voters are unknown to it) from a
+/// broker that does: the partition's leader where it is known, else any
+/// replica. Best effort: what no replica answers stays unknown.
+async fn from_replicas(client: &Client, connection: &Connection, topics: &mut [pb::TopicDescription]) {
+    if topics.iter().all(|t| t.partitions.iter().all(|p| p.hosted)) {
+        return;
+    }
+    let Ok(cluster) = client.describe_cluster().await else { return };
+    let address_of: BTreeMap<u64, String> = cluster.brokers.iter().map(|b| (b.id, b.address.clone())).collect();
+    // Each broker's view of each topic, asked at most once per broker.
+    let mut views: BTreeMap<(u64, String), Option<pb::TopicDescription>> = BTreeMap::new();
+    for topic in topics.iter_mut() {
+        for partition in topic.partitions.iter_mut().filter(|p| !p.hosted) {
+            for replica in partition.replicas.clone() {
+                let key = (replica, topic.name.clone());
+                if !views.contains_key(&key) {
+                    let view = match address_of.get(&replica) {
+                        Some(address) => match Client::new(vec![address.clone()], connection.policy()) {
+                            Ok(replica_client) => replica_client.describe_topic(&topic.name).await.ok(),
+                            Err(_) => None,
+                        },
+                        None => None,
+                    };
+                    views.insert(key.clone(), view);
+                }
+                let seen = views[&key]
+                    .as_ref()
+                    .filter(|view| view.id == topic.id)
+                    .and_then(|view| view.partitions.iter().find(|p| p.partition == partition.partition && p.hosted));
+                if let Some(seen) = seen {
+                    *partition = seen.clone();
+                    if partition.leader == replica {
+                        break;
+                    }
+                }
+            }
         }
     }
 }
@@ -870,9 +951,17 @@ async fn topic(command: TopicCommand, connection: &Connection) -> anyhow::Result
             let topic = connection.client()?.create_topic(request).await?;
             print_topics(vec![topic], connection.json, true);
         }
-        TopicCommand::List => print_topics(connection.client()?.list_topics().await?, connection.json, false),
+        TopicCommand::List => {
+            let client = connection.client()?;
+            let mut topics = client.list_topics().await?;
+            from_replicas(&client, connection, &mut topics).await;
+            print_topics(topics, connection.json, false)
+        }
         TopicCommand::Describe { name } => {
-            print_topics(vec![connection.client()?.describe_topic(&name).await?], connection.json, true)
+            let client = connection.client()?;
+            let mut topics = vec![client.describe_topic(&name).await?];
+            from_replicas(&client, connection, &mut topics).await;
+            print_topics(topics, connection.json, true)
         }
         TopicCommand::Move { name, partition, replicas } => {
             let moved = connection.client()?.move_partition(&name, partition, replicas).await?;
@@ -1044,12 +1133,10 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
         }
         idle_since = tokio::time::Instant::now();
         for delivery in &deliveries {
-            let record = delivery.record.record.clone().unwrap_or_default();
-            let value = String::from_utf8_lossy(&record.value);
             if connection.json {
                 print_json(&record_json(Some((&delivery.topic, delivery.partition)), &delivery.record));
             } else {
-                println!("{}/{}\t{}\t{value}", delivery.topic, delivery.partition, delivery.record.offset);
+                args.output.print(&delivery.topic, delivery.partition, &delivery.record);
             }
             partitions.insert((delivery.topic.clone(), delivery.partition));
             printed += 1;
@@ -1177,7 +1264,7 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
 
 async fn read(args: ReadArgs, connection: &Connection) -> anyhow::Result<()> {
     let request = pb::ReadRequest {
-        topic: args.topic,
+        topic: args.topic.clone(),
         partition: args.partition,
         offset: args.offset,
         max_records: args.max_records,
@@ -1188,8 +1275,7 @@ async fn read(args: ReadArgs, connection: &Connection) -> anyhow::Result<()> {
         if connection.json {
             print_json(&record_json(None, &stored));
         } else {
-            let record = stored.record.unwrap_or_default();
-            println!("{}\t{}", stored.offset, String::from_utf8_lossy(&record.value));
+            args.output.print(&args.topic, args.partition, &stored);
         }
     }
     Ok(())
