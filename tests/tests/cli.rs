@@ -434,3 +434,25 @@ async fn consume_and_read_show_keys_and_take_a_format_and_an_encoding() {
     assert_eq!(output.status.code(), Some(2));
     assert!(stderr(&output).contains("unknown field %q"), "{}", stderr(&output));
 }
+
+#[tokio::test]
+async fn read_follow_prints_new_records_until_ctrl_c() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "tail", "--partitions", "1"], "");
+    cli_ok(&address, &["produce", "tail"], "first\n");
+    let mut follower = Command::new(keel_binary())
+        .args(["read", "tail", "--follow", "--format", r"%v\n", "--broker", &address])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run keel read --follow");
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "first");
+    cli_ok(&address, &["produce", "tail"], "second\nthird\n");
+    assert_eq!(lines.next().unwrap().unwrap(), "second");
+    assert_eq!(lines.next().unwrap().unwrap(), "third");
+    signal(&follower, Signal::INT);
+    let output = tokio::task::spawn_blocking(move || follower.wait_with_output()).await.unwrap().unwrap();
+    assert!(output.status.success(), "{}", stderr(&output));
+}

@@ -41,6 +41,8 @@ fn quick_start_through_the_cli() {
 
     let status = cli_ok(&address, &["cluster", "status"], "");
     assert!(status.contains("metadata leader"), "{status}");
+    let health = cli_ok(&address, &["cluster", "health"], "");
+    assert!(health.contains("healthy:                     yes"), "{health}");
 
     // Bad input: a clear error, a failing exit code, nothing changed.
     for (args, expected) in [

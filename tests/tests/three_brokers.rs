@@ -301,9 +301,29 @@ fn topic_describe_shows_what_the_replicas_report() {
         let text = cli_ok(address, &["topic", "describe", "spread"], "");
         assert!(text.contains("VOTERS") && !text.contains('?'), "{text}");
     }
+    let health = |address: &str| -> serde_json::Value {
+        serde_json::from_str(&cli_ok(address, &["cluster", "health", "--json", "--timeout", "5s"], "")).unwrap()
+    };
+    let healthy = health(&b1);
+    assert_eq!(healthy["healthy"], true, "{healthy}");
+    assert!(cli_ok(&b1, &["cluster", "health"], "").contains("healthy:                     yes"));
+
     // Broker 3 down: its partition has no replica to ask.
     cluster.kill(2);
     let text = cli_ok(&b1, &["topic", "describe", "spread", "--timeout", "5s"], "");
     let unknown = text.lines().filter(|line| line.contains('?')).count();
     assert_eq!(unknown, 1, "{text}");
+    // `cluster health` says so, once the metadata leader sees it down.
+    let started = Instant::now();
+    let sick = loop {
+        let report = health(&b1);
+        if report["brokers_down"] == serde_json::json!(["3"]) {
+            break report;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "broker 3 never reported down: {report}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(sick["healthy"], false, "{sick}");
+    assert_eq!(sick["leaderless_partitions"].as_array().map(Vec::len), Some(1), "{sick}");
+    assert_eq!(sick["under_replicated_partitions"].as_array().map(Vec::len), Some(1), "{sick}");
 }

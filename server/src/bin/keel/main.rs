@@ -352,9 +352,13 @@ struct ReadArgs {
     /// The first offset to read.
     #[arg(long, default_value_t = 0)]
     offset: u64,
-    /// Read at most this many records.
+    /// Read at most this many records (with --follow: per request).
     #[arg(long, default_value_t = 100)]
     max_records: u32,
+    /// After the records there, wait for new ones and print them as they
+    /// are committed, until Ctrl-C (like `tail -f`).
+    #[arg(long)]
+    follow: bool,
     #[command(flatten)]
     output: RecordOutput,
 }
@@ -397,6 +401,11 @@ enum ClusterCommand {
         #[arg(long, default_value_t = 600)]
         timeout_secs: u64,
     },
+    /// Say whether the cluster is healthy: brokers down, partitions without
+    /// a leader, partitions under-replicated (a replica down, or voters
+    /// not yet the replicas), like `rpk cluster health`.
+    #[command(after_help = "Exits 0 either way; with --json, `healthy` says which.")]
+    Health,
     /// Remove a broker that holds no replicas (drain it first).
     RemoveBroker {
         /// The broker's id.
@@ -467,6 +476,7 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Cluster(ClusterCommand::Health) => health(connection).await,
         Command::Cluster(ClusterCommand::Status) => {
             let mut cluster = connection.client()?.describe_cluster().await?;
             // Liveness is as complete as the metadata leader sees it: ask it.
@@ -496,6 +506,63 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `keel cluster health`: brokers down as the metadata leader sees them,
+/// and every partition as a replica reports it.
+async fn health(connection: &Connection) -> anyhow::Result<()> {
+    let client = connection.client()?;
+    let mut cluster = client.describe_cluster().await?;
+    let leader = cluster.brokers.iter().find(|b| b.id == cluster.metadata_leader).map(|b| b.address.clone());
+    if let Some(leader) = leader {
+        if let Ok(seen) = Client::new(vec![leader], connection.policy())?.describe_cluster().await {
+            cluster = seen;
+        }
+    }
+    let down: Vec<u64> = cluster.brokers.iter().filter(|b| !b.live).map(|b| b.id).collect();
+    let mut topics = client.list_topics().await?;
+    from_replicas(&client, connection, &mut topics).await;
+    let (mut leaderless, mut under_replicated) = (Vec::new(), Vec::new());
+    for topic in &topics {
+        for p in &topic.partitions {
+            let at = serde_json::json!({"topic": topic.name, "partition": p.partition});
+            if p.leader == 0 || !p.hosted {
+                leaderless.push(at.clone());
+            }
+            let mut voters = p.voters.clone();
+            let mut replicas = p.replicas.clone();
+            voters.sort_unstable();
+            replicas.sort_unstable();
+            if p.replicas.iter().any(|r| down.contains(r)) || (p.hosted && voters != replicas) {
+                under_replicated.push(at);
+            }
+        }
+    }
+    let healthy =
+        cluster.metadata_leader != 0 && down.is_empty() && leaderless.is_empty() && under_replicated.is_empty();
+    if connection.json {
+        let down: Vec<String> = down.iter().map(u64::to_string).collect();
+        print_json(&serde_json::json!({
+            "healthy": healthy,
+            "metadata_leader": cluster.metadata_leader.to_string(),
+            "brokers_down": down,
+            "leaderless_partitions": leaderless,
+            "under_replicated_partitions": under_replicated,
+        }));
+        return Ok(());
+    }
+    let list = |items: &[serde_json::Value]| {
+        let names: Vec<String> =
+            items.iter().map(|i| format!("{}/{}", i["topic"].as_str().unwrap_or(""), i["partition"])).collect();
+        format!("[{}]", names.join(", "))
+    };
+    println!("healthy:                     {}", if healthy { "yes" } else { "no" });
+    let leader = if cluster.metadata_leader == 0 { "none".to_string() } else { cluster.metadata_leader.to_string() };
+    println!("metadata leader:             {leader}");
+    println!("brokers down:                {down:?}");
+    println!("leaderless partitions:       {}", list(&leaderless));
+    println!("under-replicated partitions: {}", list(&under_replicated));
+    Ok(())
 }
 
 /// `keel cluster drain`: move every replica off broker `id`, then report
@@ -1263,23 +1330,48 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
 }
 
 async fn read(args: ReadArgs, connection: &Connection) -> anyhow::Result<()> {
-    let request = pb::ReadRequest {
-        topic: args.topic.clone(),
-        partition: args.partition,
-        offset: args.offset,
-        max_records: args.max_records,
-        max_bytes: 0,
-    };
-    let response = connection.client()?.read(request).await?;
-    for stored in response.records {
-        if connection.json {
-            print_json(&record_json(None, &stored));
-        } else {
-            args.output.print(&args.topic, args.partition, &stored);
+    let client = connection.client()?;
+    // Caught before the first read, so that Ctrl-C always ends --follow
+    // cleanly.
+    let mut interrupted = Interrupts::catch()?;
+    let mut offset = args.offset;
+    loop {
+        let request = pb::ReadRequest {
+            topic: args.topic.clone(),
+            partition: args.partition,
+            offset,
+            max_records: args.max_records,
+            max_bytes: 0,
+        };
+        let response = tokio::select! {
+            biased;
+            _ = interrupted.recv() => return Ok(()),
+            response = client.read(request) => response?,
+        };
+        let got = response.records.len();
+        for stored in response.records {
+            offset = stored.offset + 1;
+            if connection.json {
+                print_json(&record_json(None, &stored));
+            } else {
+                args.output.print(&args.topic, args.partition, &stored);
+            }
+        }
+        if !args.follow {
+            return Ok(());
+        }
+        if got == 0 {
+            tokio::select! {
+                biased;
+                _ = interrupted.recv() => return Ok(()),
+                _ = tokio::time::sleep(READ_FOLLOW_INTERVAL) => {}
+            }
         }
     }
-    Ok(())
 }
+
+/// How often `keel read --follow` asks again when it has read everything.
+const READ_FOLLOW_INTERVAL: std::time::Duration = std::time::Duration::from_millis(200);
 
 #[cfg(test)]
 mod tests {
