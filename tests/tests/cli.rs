@@ -456,3 +456,19 @@ async fn read_follow_prints_new_records_until_ctrl_c() {
     let output = tokio::task::spawn_blocking(move || follower.wait_with_output()).await.unwrap().unwrap();
     assert!(output.status.success(), "{}", stderr(&output));
 }
+
+#[tokio::test]
+async fn durations_are_written_the_human_way_and_the_older_flags_still_work() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "waits", "--partitions", "1"], "");
+    cli_ok(&address, &["produce", "waits"], "one\n");
+    let human = ["consume", "waits", "--group", "a", "--session-timeout", "30s", "--idle-timeout", "500ms"];
+    assert_eq!(cli_ok(&address, &human, "").lines().count(), 1);
+    let older = ["consume", "waits", "--group", "b", "--session-timeout-ms", "30000", "--idle-timeout-ms", "500"];
+    assert_eq!(cli_ok(&address, &older, "").lines().count(), 1);
+    let output = cli(&address, &["consume", "waits", "--group", "c", "--idle-timeout", "soon"], "");
+    assert_eq!(output.status.code(), Some(2));
+    assert!(stderr(&output).contains("write e.g. 500ms"), "{}", stderr(&output));
+    let help = String::from_utf8(keel(&["cluster", "drain", "--help"]).stdout).unwrap();
+    assert!(help.contains("--wait") && help.contains("[default: 10m]"), "{help}");
+}

@@ -170,6 +170,23 @@ impl Connection {
     }
 }
 
+/// A duration written the human way (`30s`, `7d`), or a bare number in
+/// `unit`s (the older flags' form).
+fn duration_or(text: &str, unit: std::time::Duration) -> Result<std::time::Duration, String> {
+    match text.trim().parse::<u32>() {
+        Ok(count) => Ok(unit * count),
+        Err(_) => humantime::parse_duration(text).map_err(|e| format!("{e}: write e.g. 500ms, 30s, 10m or 1h")),
+    }
+}
+
+fn duration_or_ms(text: &str) -> Result<std::time::Duration, String> {
+    duration_or(text, std::time::Duration::from_millis(1))
+}
+
+fn duration_or_secs(text: &str) -> Result<std::time::Duration, String> {
+    duration_or(text, std::time::Duration::from_secs(1))
+}
+
 /// Check a `--broker` address when the flags are parsed: `host:port`, no
 /// scheme, a port number.
 fn parse_broker_address(text: &str) -> Result<String, String> {
@@ -301,16 +318,18 @@ struct ConsumeArgs {
     /// This member's id (default: keel-cli-<process id>).
     #[arg(long)]
     member: Option<String>,
-    /// Milliseconds without a heartbeat after which the group drops this
-    /// member and gives its partitions to others.
-    #[arg(long, default_value_t = 10_000)]
-    session_timeout_ms: u64,
+    /// How long without a heartbeat before the group drops this member and
+    /// gives its partitions to others (e.g. 10s; a bare number is ms, as
+    /// the older --session-timeout-ms took).
+    #[arg(long, alias = "session-timeout-ms", default_value = "10s", value_parser = duration_or_ms)]
+    session_timeout: std::time::Duration,
     /// Stop after this many records.
     #[arg(long)]
     max_records: Option<u64>,
-    /// Stop after this many milliseconds without a record.
-    #[arg(long)]
-    idle_timeout_ms: Option<u64>,
+    /// Stop after this long without a record (e.g. 5s; a bare number is
+    /// ms, as the older --idle-timeout-ms took).
+    #[arg(long, alias = "idle-timeout-ms", value_parser = duration_or_ms)]
+    idle_timeout: Option<std::time::Duration>,
     #[command(flatten)]
     output: RecordOutput,
 }
@@ -397,9 +416,10 @@ enum ClusterCommand {
     Drain {
         /// The broker's id.
         id: u64,
-        /// Give up waiting after this many seconds (the drain goes on).
-        #[arg(long, default_value_t = 600)]
-        timeout_secs: u64,
+        /// Give up waiting after this long (e.g. 10m; the drain goes on). A
+        /// bare number is seconds, as the older --timeout-secs took.
+        #[arg(long, alias = "timeout-secs", default_value = "10m", value_parser = duration_or_secs)]
+        wait: std::time::Duration,
     },
     /// Say whether the cluster is healthy: brokers down, partitions without
     /// a leader, partitions under-replicated (a replica down, or voters
@@ -464,9 +484,7 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
             clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()).context("writing the manual page")
         }
         Command::Group(command) => group(command, connection).await,
-        Command::Cluster(ClusterCommand::Drain { id, timeout_secs }) => {
-            drain(id, std::time::Duration::from_secs(timeout_secs), connection).await
-        }
+        Command::Cluster(ClusterCommand::Drain { id, wait }) => drain(id, wait, connection).await,
         Command::Cluster(ClusterCommand::RemoveBroker { id }) => {
             connection.client()?.remove_broker(id).await?;
             if connection.json {
@@ -478,14 +496,7 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
         }
         Command::Cluster(ClusterCommand::Health) => health(connection).await,
         Command::Cluster(ClusterCommand::Status) => {
-            let mut cluster = connection.client()?.describe_cluster().await?;
-            // Liveness is as complete as the metadata leader sees it: ask it.
-            let leader = cluster.brokers.iter().find(|b| b.id == cluster.metadata_leader).map(|b| b.address.clone());
-            if let Some(leader) = leader {
-                if let Ok(seen) = Client::new(vec![leader], connection.policy())?.describe_cluster().await {
-                    cluster = seen;
-                }
-            }
+            let cluster = cluster_as_the_leader_sees_it(&connection.client()?, connection).await?;
             if connection.json {
                 print_json(&cluster);
             } else {
@@ -508,17 +519,27 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
     }
 }
 
+/// The cluster as its metadata leader describes it: liveness is only as
+/// complete as the leader sees it (any broker answers, from its copy).
+async fn cluster_as_the_leader_sees_it(
+    client: &Client,
+    connection: &Connection,
+) -> anyhow::Result<pb::DescribeClusterResponse> {
+    let cluster = client.describe_cluster().await?;
+    let leader = cluster.brokers.iter().find(|b| b.id == cluster.metadata_leader).map(|b| b.address.clone());
+    if let Some(leader) = leader {
+        if let Ok(seen) = Client::new(vec![leader], connection.policy())?.describe_cluster().await {
+            return Ok(seen);
+        }
+    }
+    Ok(cluster)
+}
+
 /// `keel cluster health`: brokers down as the metadata leader sees them,
 /// and every partition as a replica reports it.
 async fn health(connection: &Connection) -> anyhow::Result<()> {
     let client = connection.client()?;
-    let mut cluster = client.describe_cluster().await?;
-    let leader = cluster.brokers.iter().find(|b| b.id == cluster.metadata_leader).map(|b| b.address.clone());
-    if let Some(leader) = leader {
-        if let Ok(seen) = Client::new(vec![leader], connection.policy())?.describe_cluster().await {
-            cluster = seen;
-        }
-    }
+    let cluster = cluster_as_the_leader_sees_it(&client, connection).await?;
     let down: Vec<u64> = cluster.brokers.iter().filter(|b| !b.live).map(|b| b.id).collect();
     let mut topics = client.list_topics().await?;
     from_replicas(&client, connection, &mut topics).await;
@@ -1172,7 +1193,7 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
         &args.group,
         &member,
         args.topics.clone(),
-        args.session_timeout_ms,
+        u64::try_from(args.session_timeout.as_millis()).unwrap_or(u64::MAX),
     )
     .await?;
     let started = tokio::time::Instant::now();
@@ -1183,7 +1204,7 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
         if args.max_records.is_some_and(|max| printed >= max) {
             break;
         }
-        if args.idle_timeout_ms.is_some_and(|idle| idle_since.elapsed() >= std::time::Duration::from_millis(idle)) {
+        if args.idle_timeout.is_some_and(|idle| idle_since.elapsed() >= idle) {
             break;
         }
         let want = args.max_records.map_or(500, |max| (max - printed).min(500)) as u32;
