@@ -418,6 +418,11 @@ impl Client {
         Ok(())
     }
 
+    /// Every consumer group, as the broker asked has them.
+    pub async fn list_groups(&self) -> Result<Vec<pb::GroupSummary>, ClientError> {
+        Ok(self.call(Route::Any, |mut c| async move { c.list_groups(pb::ListGroupsRequest {}).await }).await?.groups)
+    }
+
     pub async fn list_topics(&self) -> Result<Vec<pb::TopicDescription>, ClientError> {
         Ok(self.call(Route::Any, |mut c| async move { c.list_topics(pb::ListTopicsRequest {}).await }).await?.topics)
     }

@@ -472,3 +472,23 @@ async fn durations_are_written_the_human_way_and_the_older_flags_still_work() {
     let help = String::from_utf8(keel(&["cluster", "drain", "--help"]).stdout).unwrap();
     assert!(help.contains("--wait") && help.contains("[default: 10m]"), "{help}");
 }
+
+#[tokio::test]
+async fn group_list_shows_every_group() {
+    let (_dir, _broker, address) = one_broker().await;
+    assert_eq!(json_lines(&address, &["group", "list"], "")[0]["groups"], serde_json::json!([]));
+    cli_ok(&address, &["topic", "create", "a", "--partitions", "1"], "");
+    cli_ok(&address, &["topic", "create", "b", "--partitions", "1"], "");
+    cli_ok(&address, &["produce", "a"], "x\n");
+    cli_ok(&address, &["produce", "b"], "y\n");
+    cli_ok(&address, &["consume", "a", "b", "--group", "both", "--max-records", "2"], "");
+    cli_ok(&address, &["consume", "a", "--group", "only-a", "--max-records", "1"], "");
+
+    let listed = json_lines(&address, &["group", "list"], "").remove(0);
+    let groups = listed["groups"].as_array().unwrap();
+    let names: Vec<&str> = groups.iter().map(|g| g["group"].as_str().unwrap()).collect();
+    assert_eq!(names, ["both", "only-a"], "{listed}");
+    assert!(groups.iter().all(|g| g["members"] == 0 && g["generation"].is_string()), "{listed}");
+    let text = cli_ok(&address, &["group", "list"], "");
+    assert!(text.starts_with("GROUP") && text.lines().count() == 3, "{text}");
+}

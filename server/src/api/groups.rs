@@ -39,6 +39,27 @@ impl KeelService {
         Ok(pb::DescribeGroupResponse { group: group.to_string(), generation: info.generation.0, members })
     }
 
+    /// Every group in this broker's metadata, by name (bounded by the
+    /// cluster's groups limit).
+    pub(super) fn list_groups_request(&self) -> pb::ListGroupsResponse {
+        let metadata = self.node.metadata();
+        let groups = metadata
+            .groups()
+            .iter()
+            .map(|(name, info)| {
+                let topics: std::collections::BTreeSet<String> =
+                    info.members.values().flat_map(|m| m.topics.iter().map(ToString::to_string)).collect();
+                pb::GroupSummary {
+                    group: name.to_string(),
+                    generation: info.generation.0,
+                    members: info.members.len() as u32,
+                    topics: topics.into_iter().collect(),
+                }
+            })
+            .collect();
+        pb::ListGroupsResponse { groups }
+    }
+
     pub(super) async fn group_position_request(
         &self,
         request: pb::GroupPositionRequest,

@@ -581,6 +581,13 @@ impl Keel for KeelService {
         self.timed("Ack", async { self.ack_request(request.into_inner()).await.map(Response::new) }).await
     }
 
+    async fn list_groups(
+        &self,
+        _request: Request<pb::ListGroupsRequest>,
+    ) -> Result<Response<pb::ListGroupsResponse>, Status> {
+        self.timed("ListGroups", async { Ok(Response::new(self.list_groups_request())) }).await
+    }
+
     async fn describe_group(
         &self,
         request: Request<pb::DescribeGroupRequest>,

@@ -384,6 +384,8 @@ struct ReadArgs {
 
 #[derive(Subcommand)]
 enum GroupCommand {
+    /// Every consumer group: generation, members, subscribed topics.
+    List,
     /// Members, assignment, committed position and lag of every partition
     /// the group reads or has a position on.
     Describe {
@@ -1249,6 +1251,23 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
 
 async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result<()> {
     match command {
+        GroupCommand::List => {
+            let groups = connection.client()?.list_groups().await?;
+            if connection.json {
+                print_json(&pb::ListGroupsResponse { groups });
+            } else {
+                println!("{:<24} {:>10} {:>8} TOPICS", "GROUP", "GENERATION", "MEMBERS");
+                for group in groups {
+                    println!(
+                        "{:<24} {:>10} {:>8} {}",
+                        group.group,
+                        group.generation,
+                        group.members,
+                        group.topics.join(",")
+                    );
+                }
+            }
+        }
         GroupCommand::Describe { name } => {
             let client = connection.client()?;
             let described = client.describe_group(&name).await?;
