@@ -150,6 +150,17 @@ impl BatchingProducer {
     /// queue is full. The returned [`Ack`] resolves once the record is
     /// acknowledged.
     pub async fn send(&self, topic: &str, record: pb::Record) -> Result<Ack, ClientError> {
+        self.send_routed(topic, None, record).await
+    }
+
+    /// Queue `record` for partition `partition` of `topic`, whatever its
+    /// key. A partition the topic does not have is refused
+    /// (`INVALID_ARGUMENT`).
+    pub async fn send_to(&self, topic: &str, partition: u32, record: pb::Record) -> Result<Ack, ClientError> {
+        self.send_routed(topic, Some(partition), record).await
+    }
+
+    async fn send_routed(&self, topic: &str, to: Option<u32>, record: pb::Record) -> Result<Ack, ClientError> {
         let (partition, topic_id) = {
             let mut routing = self.routing.lock().await;
             // A worker stops once the topic it sent to was deleted: drop it,
@@ -173,10 +184,18 @@ impl BatchingProducer {
             let refused = |e: keel_core::routing::RoutingError| {
                 ClientError::Refused(tonic::Status::invalid_argument(e.to_string()))
             };
-            let partition = match &record.key {
-                Some(key) => partition_for_key(key, count).map_err(refused)?.0,
-                None if !self.config.sticky_keyless => routing.spreader.next_partition(count).map_err(refused)?.0,
-                None => {
+            let partition = match (to, &record.key) {
+                (Some(partition), _) if partition < count => partition,
+                (Some(partition), _) => {
+                    return Err(ClientError::Refused(tonic::Status::invalid_argument(format!(
+                        "topic {topic} has partitions 0..{count}, not {partition}"
+                    ))))
+                }
+                (None, Some(key)) => partition_for_key(key, count).map_err(refused)?.0,
+                (None, None) if !self.config.sticky_keyless => {
+                    routing.spreader.next_partition(count).map_err(refused)?.0
+                }
+                (None, None) => {
                     let batch_records = self.config.batch_records;
                     let Routing { spreader, sticky, .. } = &mut *routing;
                     match sticky.get_mut(topic) {

@@ -24,10 +24,28 @@ async fn fatal_within(node: &Node) -> Option<String> {
     None
 }
 
+/// A port for a node's client listener, whose internal one (+100) is free
+/// too, below Linux's ephemeral range (32768-60999): a port from `bind(0)`
+/// is released before the node binds it, and an outgoing connection of the
+/// other test could take it meanwhile. Distinct per call in this process.
+fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 20_000 + (std::process::id() % 50) as u16 * 100;
+    let _ = NEXT.compare_exchange(0, start, Ordering::SeqCst, Ordering::SeqCst);
+    loop {
+        let port = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(port < 32_000, "ran out of test ports");
+        let bindable = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if bindable(port) && bindable(port + 100) {
+            return port;
+        }
+    }
+}
+
 /// A one-broker node on a simulated disk, once it takes writes.
 async fn started(disk: &CrashDisk) -> Node {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let address = format!("127.0.0.1:{port}");
+    let address = format!("127.0.0.1:{}", free_port());
     let internal = keel_server::node::default_internal_address(&address).unwrap();
     let voters: BTreeMap<u64, String> = [(1, internal)].into_iter().collect();
     let store = NodeStore::open_with_backend(disk.clone()).unwrap();

@@ -492,3 +492,34 @@ async fn group_list_shows_every_group() {
     let text = cli_ok(&address, &["group", "list"], "");
     assert!(text.starts_with("GROUP") && text.lines().count() == 3, "{text}");
 }
+
+#[tokio::test]
+async fn produce_to_a_chosen_partition_with_headers() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "placed", "--partitions", "3"], "");
+    let produced = json_lines(
+        &address,
+        &[
+            "produce",
+            "placed",
+            "--key-separator",
+            ":",
+            "--partition",
+            "1",
+            "--header",
+            "source=test",
+            "--header",
+            "n=1",
+        ],
+        "user-1:a\nuser-2:b\nc\n",
+    );
+    assert!(produced.iter().all(|p| p["partition"] == 1), "{produced:?}");
+    let read = cli_ok(&address, &["read", "placed", "--partition", "1", "--format", r"%k %v %h\n"], "");
+    assert_eq!(read, "user-1 a source=test,n=1\nuser-2 b source=test,n=1\n c source=test,n=1\n");
+
+    let output = cli(&address, &["produce", "placed", "--partition", "3"], "x\n");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("has partitions 0..3, not 3"), "{}", stderr(&output));
+    let output = cli(&address, &["produce", "placed", "--header", "novalue"], "x\n");
+    assert_eq!(output.status.code(), Some(2));
+}

@@ -303,6 +303,22 @@ struct ProduceArgs {
     /// Split each line at the first SEPARATOR into key and value.
     #[arg(long)]
     key_separator: Option<String>,
+    /// Send every record to this partition, whatever its key.
+    #[arg(long)]
+    partition: Option<u32>,
+    /// A header on every record, KEY=VALUE (repeat for more).
+    #[arg(long = "header", value_parser = parse_header)]
+    headers: Vec<pb::Header>,
+}
+
+/// `--header KEY=VALUE`.
+fn parse_header(text: &str) -> Result<pb::Header, String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => {
+            Ok(pb::Header { key: key.to_string(), value: value.as_bytes().to_vec() })
+        }
+        _ => Err(format!("{text:?} is not KEY=VALUE")),
+    }
 }
 
 #[derive(Args)]
@@ -1121,8 +1137,11 @@ async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<(
             Some((key, value)) => (Some(key.as_bytes().to_vec()), value.to_string()),
             None => (None, line),
         };
-        let ack =
-            producer.send(&args.topic, pb::Record { key, value: value.into_bytes(), ..Default::default() }).await?;
+        let record = pb::Record { key, value: value.into_bytes(), headers: args.headers.clone(), ..Default::default() };
+        let ack = match args.partition {
+            Some(partition) => producer.send_to(&args.topic, partition, record).await?,
+            None => producer.send(&args.topic, record).await?,
+        };
         if acks.send(ack).await.is_err() {
             break;
         }
