@@ -637,6 +637,12 @@ impl Node {
         self.inner.groups.lock().expect("groups").get(&group).cloned()
     }
 
+    /// Woken after every batch applied to `group` here (see
+    /// [`GroupStateMachine::applied_waiters`]).
+    pub fn applied_waiters(&self, group: &GroupId) -> Option<Arc<Notify>> {
+        self.inner.groups.lock().expect("groups").get(group).map(|handle| handle.state_machine.applied_waiters())
+    }
+
     /// This replica's state of a partition, if it is hosted here (shared,
     /// not copied).
     pub fn partition(&self, partition: &TopicPartition) -> Option<Arc<PartitionState>> {

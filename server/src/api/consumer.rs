@@ -25,6 +25,7 @@ use tonic::Status;
 
 use super::errors::{invalid_name, with_leader};
 use super::service::{from_record, KeelService};
+use crate::group::GroupId;
 use crate::node::Cursor;
 
 /// Longest a poll waits for records.
@@ -102,8 +103,11 @@ fn older_epoch(group: &GroupName, member: &MemberId, current: u64, given: u64) -
     })
 }
 
-/// How often a waiting poll looks again.
-const POLL_RECHECK: Duration = Duration::from_millis(10);
+/// How often a waiting poll looks again even if nothing was applied. A
+/// poll wakes when its partition or the metadata applies a batch (new
+/// records, a claim, a member fenced); this catches what changes without
+/// one (a cursor dropped when this broker stops hosting the partition).
+const POLL_RECHECK: Duration = Duration::from_millis(100);
 
 impl KeelService {
     /// Refuse unless this broker coordinates groups (leads the metadata).
@@ -315,7 +319,16 @@ impl KeelService {
         }
         let deadline = tokio::time::Instant::now() + Duration::from_millis(request.max_wait_ms.min(POLL_WAIT_MS_MAX));
         let (max_records, max_bytes) = super::service::read_budget(request.max_records, request.max_bytes);
+        let partition_applied =
+            self.node.applied_waiters(&group_id).ok_or_else(|| self.hosted_elsewhere(&partition))?;
+        let metadata_applied = self.node.applied_waiters(&GroupId::Metadata).unwrap_or_default();
         loop {
+            // Armed before looking, so that a batch applied meanwhile wakes
+            // the wait below.
+            let mut records_or_claim = std::pin::pin!(partition_applied.notified());
+            records_or_claim.as_mut().enable();
+            let mut membership = std::pin::pin!(metadata_applied.notified());
+            membership.as_mut().enable();
             self.check_claim(&group, &member, request.member_epoch, generation, &partition)?;
             if self.node.cursor(&group_id, &group).is_none() {
                 return Err(Status::aborted("the claim moved; poll again"));
@@ -351,7 +364,13 @@ impl KeelService {
                     high_watermark: high_watermark.0,
                 });
             }
-            tokio::time::sleep(POLL_RECHECK).await;
+            let recheck = tokio::time::Instant::now() + POLL_RECHECK;
+            tokio::select! {
+                biased;
+                _ = &mut records_or_claim => {}
+                _ = &mut membership => {}
+                _ = tokio::time::sleep_until(recheck.min(deadline)) => {}
+            }
         }
     }
 

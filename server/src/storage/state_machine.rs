@@ -56,6 +56,11 @@ pub struct GroupStateMachine {
     state: SharedGroupState,
     /// Woken after every applied batch (one waiter: the node's reconciler).
     applied_notify: Option<Arc<tokio::sync::Notify>>,
+    /// Every waiter woken after each applied batch or installed snapshot:
+    /// long polls waiting for records or for a claim to change. A
+    /// `Notify` wakes its waiters in the order they came (no RNG, unlike a
+    /// watch channel), so several waiters stay deterministic in simulation.
+    applied_waiters: Arc<tokio::sync::Notify>,
     /// Counts snapshot streams received, for their chunk keys.
     incoming_streams: Arc<std::sync::atomic::AtomicU64>,
     /// Held while a snapshot's stream is written out (one at a time: two
@@ -98,6 +103,7 @@ impl GroupStateMachine {
             working: Arc::new(Mutex::new(applied.state.clone())),
             state: Arc::new(Mutex::new(applied.state)),
             applied_notify: None,
+            applied_waiters: Arc::new(tokio::sync::Notify::new()),
             incoming_streams: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             writing_out: Arc::new(Mutex::new(())),
         })
@@ -107,6 +113,14 @@ impl GroupStateMachine {
         if let Some(notify) = &self.applied_notify {
             notify.notify_one();
         }
+        self.applied_waiters.notify_waiters();
+    }
+
+    /// Woken, every waiter, after each applied batch or installed snapshot.
+    /// Create the `notified()` future (and `enable` it) before looking at
+    /// the state, so that an apply in between is not missed.
+    pub fn applied_waiters(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.applied_waiters)
     }
 
     /// Wake `notify` after every applied batch.

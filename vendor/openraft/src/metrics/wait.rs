@@ -85,6 +85,8 @@ where
             let delay = A::sleep(sleep_time);
 
             tokio::select! {
+                // keel: deterministic under simulation (see replication/mod.rs).
+                biased;
                 _ = delay => {
                 tracing::debug!( "id={} timeout wait {:} latest: {}", latest.id, msg.to_string(), latest.summary() );
                     return Err(WaitError::Timeout(self.timeout, format!("{} latest: {}", msg.to_string(), latest.summary())));

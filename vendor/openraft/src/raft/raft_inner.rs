@@ -34,6 +34,9 @@ use crate::RaftTypeConfig;
 /// shutdown, and solely bounds how long a caller waits on the dropped-responder path.
 const RECV_CORE_STOP_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// keel: how often `wait_core_stopped` looks at the metrics again.
+const CORE_STOPPED_RECHECK: Duration = Duration::from_millis(10);
+
 /// RaftInner is the internal handle and provides internally used APIs to communicate with
 /// `RaftCore`.
 pub(in crate::raft) struct RaftInner<C>
@@ -172,8 +175,15 @@ where C: RaftTypeConfig
     ///
     /// Returns `true` if a stop was observed, `false` if the core is still running after
     /// `timeout`.
+    ///
+    /// keel: this looks at the metrics every [`CORE_STOPPED_RECHECK`] rather
+    /// than waiting on `changed()`. Every API call that finds the core gone
+    /// comes here, so several callers would wait on one watch channel, and
+    /// tokio wakes such waiters in an order drawn from its thread RNG: under
+    /// simulation a seed then replayed differently when run twice in one
+    /// process (keel's seed 8 with every fault kind).
     async fn wait_core_stopped(&self, timeout: Duration) -> bool {
-        let mut rx = self.rx_metrics.clone();
+        let rx = self.rx_metrics.clone();
 
         let observe = async move {
             loop {
@@ -181,11 +191,13 @@ where C: RaftTypeConfig
                     return;
                 }
 
-                // `changed()` returns an error only when the metrics sender is dropped,
+                // `has_changed()` returns an error only when the metrics sender is dropped,
                 // i.e. the RaftCore task has ended.
-                if rx.changed().await.is_err() {
+                if rx.has_changed().is_err() {
                     return;
                 }
+
+                C::AsyncRuntime::sleep(CORE_STOPPED_RECHECK).await;
             }
         };
 

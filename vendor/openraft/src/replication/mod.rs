@@ -608,6 +608,10 @@ where
             tracing::debug!("backoff timeout: {:?}", sleep_duration);
 
             select! {
+                // keel: without `biased`, `select!` draws on tokio's thread
+                // RNG, whose seed differs between runs in one process: a
+                // simulated seed would then replay differently in a batch.
+                biased;
                 _ = sleep => {
                     tracing::debug!("backoff timeout");
                     return Ok(());
