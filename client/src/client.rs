@@ -236,6 +236,10 @@ fn not_keel(status: &Status) -> Option<String> {
     None
 }
 
+/// The group named in [`Client::offset_at_time`]'s position lookup, which
+/// only reads the partition's bounds.
+const BOUNDS_LOOKUP_GROUP: &str = "keel.offset-lookup";
+
 impl Client {
     /// A client for the cluster reachable at `brokers` (`host:port`).
     /// Connections are made lazily.
@@ -540,6 +544,36 @@ impl Client {
             })
             .await?;
         Ok(reset.position)
+    }
+
+    /// The offset of the first record of a partition appended at or after
+    /// `time_ms` (milliseconds since the Unix epoch), or its high watermark
+    /// if none is (like Kafka's `ListOffsets` by timestamp). A binary search
+    /// over reads of one record each: about log2(records) reads. Append
+    /// times never decrease within a partition (the leader clamps them).
+    pub async fn offset_at_time(&self, topic: &str, partition: u32, time_ms: u64) -> Result<u64, ClientError> {
+        // A position lookup answers with the partition's log start and high
+        // watermark; the group's own position is not used (a group that
+        // never committed has none, and the lookup changes nothing).
+        let bounds = self.group_position(BOUNDS_LOOKUP_GROUP, topic, partition).await?;
+        let (mut low, mut high) = (bounds.log_start, bounds.high_watermark);
+        while low < high {
+            let middle = low + (high - low) / 2;
+            let request =
+                pb::ReadRequest { topic: topic.to_string(), partition, offset: middle, max_records: 1, max_bytes: 0 };
+            let appended_at = match self.read(request).await {
+                Ok(response) => response.records.first().map(|r| (r.offset, r.append_time_ms)),
+                // Retention moved the log start past `middle` meanwhile.
+                Err(ClientError::Refused(status)) if status.code() == Code::OutOfRange => None,
+                Err(error) => return Err(error),
+            };
+            match appended_at {
+                Some((offset, at)) if at >= time_ms => high = offset.min(high),
+                Some((offset, _)) => low = offset + 1,
+                None => low = middle + 1,
+            }
+        }
+        Ok(low)
     }
 
     /// Append a batch to one partition (its leader takes it), on the

@@ -115,6 +115,7 @@ pub struct Metrics {
     lag: Family<LagLabels, Gauge>,
     peer_up: Family<PeerLabels, Gauge>,
     peer_failed_calls: Family<PeerLabels, Counter>,
+    raft_calls: Family<PeerLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -146,6 +147,7 @@ impl Metrics {
             lag: Family::default(),
             peer_up: Family::default(),
             peer_failed_calls: Family::default(),
+            raft_calls: Family::default(),
             registry: Registry::default(),
         };
         let build_info = Family::<BuildLabels, Gauge>::default();
@@ -214,6 +216,11 @@ impl Metrics {
             "Raft calls to the peer that could not reach it (refused, timed out, or held back while it was down)",
             metrics.peer_failed_calls.clone(),
         );
+        registry.register(
+            "raft_calls",
+            "Raft calls (AppendEntries, votes, snapshot chunks) this broker sent to the peer, answered or not",
+            metrics.raft_calls.clone(),
+        );
         Metrics { registry, ..metrics }
     }
 
@@ -275,6 +282,8 @@ impl Metrics {
             self.peer_up.get_or_create(&labels).set(i64::from(health.down_since.is_none()));
             let counter = self.peer_failed_calls.get_or_create(&labels);
             counter.inc_by(health.failed_calls.saturating_sub(counter.get()));
+            let counter = self.raft_calls.get_or_create(&labels);
+            counter.inc_by(health.calls.saturating_sub(counter.get()));
         }
         let (built, installed) = node.snapshot_counts();
         self.snapshots_built.set(built as i64);
@@ -287,7 +296,10 @@ impl Metrics {
                 let metrics = raft.metrics();
                 let m = metrics.borrow();
                 (
-                    m.current_leader == Some(node.id()),
+                    // Its state, not `current_leader`: after a restart that
+                    // names the leader of the last committed vote until an
+                    // election says otherwise.
+                    m.state == openraft::ServerState::Leader,
                     m.current_term,
                     m.last_log_index.unwrap_or(0),
                     m.last_applied.map_or(0, |l| l.index),

@@ -523,3 +523,64 @@ async fn produce_to_a_chosen_partition_with_headers() {
     let output = cli(&address, &["produce", "placed", "--header", "novalue"], "x\n");
     assert_eq!(output.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn group_reset_takes_partitions_a_time_and_a_dry_run() {
+    let (_dir, _broker, address) = one_broker().await;
+    let json = |args: &[&str]| {
+        let mut args = args.to_vec();
+        args.push("--json");
+        serde_json::from_str::<serde_json::Value>(&cli_ok(&address, &args, "")).expect("one JSON document")
+    };
+    cli_ok(&address, &["topic", "create", "events", "--partitions", "2"], "");
+    cli_ok(&address, &["produce", "events", "--partition", "0"], "a\nb\nc\n");
+    // Append times are in ms: the second batch is appended later.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    cli_ok(&address, &["produce", "events", "--partition", "0"], "d\ne\n");
+    let read = json_lines(&address, &["read", "events", "--partition", "0"], "");
+    let appended = |offset: usize| -> u64 { read[offset]["append_time_ms"].as_str().unwrap().parse().unwrap() };
+    assert!(appended(2) < appended(3), "{read:?}");
+    let rfc3339 =
+        |ms: u64| humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string();
+
+    // To a time: the first record appended at or after it.
+    let reset =
+        json(&["group", "reset", "g", "--topic", "events", "--partition", "0", "--to-time", &rfc3339(appended(3))]);
+    assert_eq!(reset["partitions"].as_array().map(Vec::len), Some(1), "{reset}");
+    assert_eq!(reset["partitions"][0]["position"], "3", "{reset}");
+    let reset =
+        json(&["group", "reset", "g", "--topic", "events", "--partition", "0", "--to-time", &rfc3339(appended(0))]);
+    assert_eq!(reset["partitions"][0]["position"], "0", "{reset}");
+    // After the last record: the high watermark.
+    let reset =
+        json(&["group", "reset", "g", "--topic", "events", "--partition", "0", "--to-time", &rfc3339(appended(4) + 1)]);
+    assert_eq!(reset["partitions"][0]["position"], "5", "{reset}");
+
+    // A dry run shows both positions of every partition and changes none.
+    cli_ok(&address, &["group", "reset", "g", "--topic", "events", "--partition", "0", "--to", "1"], "");
+    let dry = json(&["group", "reset", "g", "--topic", "events", "--to", "latest", "--dry-run"]);
+    assert_eq!(dry["dry_run"], true, "{dry}");
+    let partitions: Vec<(String, String)> = dry["partitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["position"].as_str().unwrap().to_string(), p["new_position"].as_str().unwrap().to_string()))
+        .collect();
+    assert_eq!(partitions, [("1".to_string(), "5".to_string()), ("0".to_string(), "0".to_string())], "{dry}");
+    let text = cli_ok(
+        &address,
+        &["group", "reset", "g", "--topic", "events", "--partition", "0", "--to", "earliest", "--dry-run"],
+        "",
+    );
+    assert_eq!(text, "events/0: position 1 -> 0 (dry run)\n");
+    let again = json(&["group", "reset", "g", "--topic", "events", "--partition", "0", "--to", "latest", "--dry-run"]);
+    assert_eq!(again["partitions"][0]["position"], "1", "the dry runs changed nothing: {again}");
+
+    // A partition the topic does not have, and a time that is not one.
+    let output = cli(&address, &["group", "reset", "g", "--topic", "events", "--partition", "7"], "");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("events has no partition 7: it has 2 (0 to 1)"), "{}", stderr(&output));
+    let output = cli(&address, &["group", "reset", "g", "--topic", "events", "--to-time", "yesterday"], "");
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(stderr(&output).contains("RFC 3339"), "{}", stderr(&output));
+}

@@ -129,6 +129,9 @@ pub struct PeerHealth {
     pub down_since: Option<tokio::time::Instant>,
     /// Calls to it that failed to reach it, since this broker started.
     pub failed_calls: u64,
+    /// Raft calls sent to it (answered or not; not those held back while
+    /// it rests), since this broker started.
+    pub calls: u64,
 }
 
 /// How long a peer that did not answer rests before the next attempt.
@@ -242,6 +245,11 @@ impl Peers {
         }
     }
 
+    /// A Raft call was sent to `peer`.
+    fn count_call(&self, peer: NodeId) {
+        self.health.lock().expect("peer health").entry(peer).or_default().calls += 1;
+    }
+
     /// A call to `peer` reached it.
     fn reached(&self, peer: NodeId) {
         let mut health = self.health.lock().expect("peer health");
@@ -353,6 +361,9 @@ impl PeerClient {
         let silent = self.peers.since_answer(self.target).is_none_or(|since| since > crate::node::KEEPALIVE_TIMEOUT);
         if timed_out && silent {
             self.peers.forget_channel(&self.address);
+        }
+        if !matches!(result, Err(TransportError::Resting)) {
+            self.peers.count_call(self.target);
         }
         match &result {
             Ok(_) => self.peers.reached(self.target),

@@ -311,6 +311,20 @@ struct ProduceArgs {
     headers: Vec<pb::Header>,
 }
 
+/// `--to-time`, in milliseconds since the Unix epoch: an RFC 3339 time, or
+/// a duration meaning that long before now.
+fn parse_time_ms(text: &str) -> Result<u64, String> {
+    let hint = "write an RFC 3339 time such as 2026-12-01T08:00:00Z, or a duration ago such as 90m or 7d";
+    let time = match humantime::parse_duration(text) {
+        Ok(ago) => {
+            std::time::SystemTime::now().checked_sub(ago).ok_or_else(|| format!("{text} ago is too far back"))?
+        }
+        Err(_) => humantime::parse_rfc3339_weak(text).map_err(|e| format!("{e}: {hint}"))?,
+    };
+    let since_epoch = time.duration_since(std::time::UNIX_EPOCH).map_err(|_| format!("{text} is before 1970"))?;
+    Ok(since_epoch.as_millis() as u64)
+}
+
 /// `--header KEY=VALUE`.
 fn parse_header(text: &str) -> Result<pb::Header, String> {
     match text.split_once('=') {
@@ -408,19 +422,36 @@ enum GroupCommand {
         /// The group.
         name: String,
     },
-    /// Set the group's position on every partition of a topic (the group
-    /// must have no members): earliest, latest, or an offset.
-    #[command(after_help = "Example: keel group reset billing --topic orders --to earliest")]
+    /// Set the group's position on the partitions of a topic (the group
+    /// must have no members): earliest, latest, an offset, or the first
+    /// record appended at or after a time.
+    #[command(after_help = "Examples:\n  keel group reset billing --topic orders --to earliest\n  \
+        keel group reset billing --topic orders --partition 2 --to 1500\n  \
+        keel group reset billing --topic orders --to-time 2026-12-01T08:00:00Z --dry-run\n  \
+        keel group reset billing --topic orders --to-time 1h")]
     Reset {
         /// The group.
         name: String,
         /// The topic whose partitions get the new position.
         #[arg(long)]
         topic: String,
+        /// Only these partitions (repeat the flag or separate them with
+        /// commas); every partition of the topic if not given.
+        #[arg(long = "partition", value_delimiter = ',')]
+        partitions: Vec<u32>,
         /// earliest (the log start), latest (the high watermark), or an
         /// offset.
-        #[arg(long, default_value = "earliest")]
+        #[arg(long, default_value = "earliest", conflicts_with = "to_time")]
         to: String,
+        /// The first record appended at or after this time (the high
+        /// watermark if none was): an RFC 3339 time such as
+        /// 2026-12-01T08:00:00Z, or a duration ago such as 90m or 7d.
+        #[arg(long, value_parser = parse_time_ms)]
+        to_time: Option<u64>,
+        /// Show each partition's current position and the one it would
+        /// get, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -1356,32 +1387,73 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                 }
             }
         }
-        GroupCommand::Reset { name, topic, to } => {
+        GroupCommand::Reset { name, topic, partitions, to, to_time, dry_run } => {
+            use pb::reset_group_position_request::To;
             let client = connection.client()?;
             let target = match to.as_str() {
-                "earliest" => pb::reset_group_position_request::To::Earliest(true),
-                "latest" => pb::reset_group_position_request::To::Latest(true),
-                offset => pb::reset_group_position_request::To::Offset(
+                "earliest" => To::Earliest(true),
+                "latest" => To::Latest(true),
+                offset => To::Offset(
                     offset.parse().with_context(|| format!("--to {offset:?}: use earliest, latest or an offset"))?,
                 ),
             };
-            let partitions = client.describe_topic(&topic).await?.partitions.len() as u32;
-            let mut positions = Vec::new();
-            for partition in 0..partitions {
-                let request = pb::ResetGroupPositionRequest {
-                    group: name.clone(),
-                    topic: topic.clone(),
-                    partition,
-                    to: Some(target),
+            let count = client.describe_topic(&topic).await?.partitions.len() as u32;
+            let partitions: Vec<u32> = if partitions.is_empty() { (0..count).collect() } else { partitions };
+            if let Some(missing) = partitions.iter().find(|p| **p >= count) {
+                bail!("{topic} has no partition {missing}: it has {count} (0 to {})", count.saturating_sub(1));
+            }
+            if dry_run {
+                // A group with positions but no members may be unknown to
+                // the metadata: it has no members then.
+                let members = match client.describe_group(&name).await {
+                    Ok(group) => group.members.len(),
+                    Err(keel_client::ClientError::Refused(status)) if status.code() == tonic::Code::NotFound => 0,
+                    Err(error) => return Err(error.into()),
                 };
-                let position = client.reset_group_position(request).await?;
-                if !connection.json {
-                    println!("{topic}/{partition}: position {position}");
+                if members > 0 {
+                    eprintln!("keel: group {name} has {members} members: a reset is refused until they leave");
                 }
-                positions.push(serde_json::json!({"partition": partition, "position": position.to_string()}));
+            }
+            let mut positions = Vec::new();
+            for partition in partitions {
+                let target = match to_time {
+                    Some(time_ms) => To::Offset(client.offset_at_time(&topic, partition, time_ms).await?),
+                    None => target,
+                };
+                let (position, new_position) = if dry_run {
+                    let now = client.group_position(&name, &topic, partition).await?;
+                    let would = match target {
+                        To::Earliest(_) => now.log_start,
+                        To::Latest(_) => now.high_watermark,
+                        To::Offset(offset) => offset,
+                    };
+                    if !connection.json {
+                        println!("{topic}/{partition}: position {} -> {would} (dry run)", now.position);
+                    }
+                    (now.position, would)
+                } else {
+                    let request = pb::ResetGroupPositionRequest {
+                        group: name.clone(),
+                        topic: topic.clone(),
+                        partition,
+                        to: Some(target),
+                    };
+                    let position = client.reset_group_position(request).await?;
+                    if !connection.json {
+                        println!("{topic}/{partition}: position {position}");
+                    }
+                    (position, position)
+                };
+                positions.push(serde_json::json!({
+                    "partition": partition,
+                    "position": position.to_string(),
+                    "new_position": new_position.to_string(),
+                }));
             }
             if connection.json {
-                print_json(&serde_json::json!({"group": name, "topic": topic, "partitions": positions}));
+                print_json(
+                    &serde_json::json!({"group": name, "topic": topic, "dry_run": dry_run, "partitions": positions}),
+                );
             }
         }
     }
