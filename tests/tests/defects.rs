@@ -205,6 +205,62 @@ async fn a_long_poll_on_a_deleted_topic_is_told_not_found() {
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
 }
 
+/// A member waiting in a long poll whose generation is fenced meanwhile (a
+/// second member joined: a rebalance) is told so. A poll used to look only
+/// at the partition's claim while it waited, and answered an empty poll at
+/// its deadline as if nothing had happened.
+#[tokio::test]
+async fn a_long_poll_of_a_member_fenced_while_it_waits_is_told_so() {
+    let (_dir, _broker, address) = one_broker().await;
+    let client = client(&address);
+    // Two partitions: the second member takes one, so the assignment
+    // changes and the generation moves on.
+    create(&client, "shared", 2).await;
+    let mut c = raw(&address).await;
+    let joined = join(&mut c, "shared").await;
+    let poll = pb::PollRequest {
+        group: "g".into(),
+        member: "m".into(),
+        generation: joined.generation,
+        member_epoch: joined.member_epoch,
+        topic: "shared".into(),
+        partition: 0,
+        max_records: 10,
+        max_bytes: 0,
+        max_wait_ms: 3_000,
+        offset: None,
+        topic_id: None,
+    };
+    // Claim first (the new partition's group may still be electing).
+    let mut first = poll.clone();
+    first.max_wait_ms = 0;
+    let mut claimed = c.poll(first.clone()).await;
+    for _ in 0..100 {
+        if claimed.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        claimed = c.poll(first.clone()).await;
+    }
+    claimed.unwrap();
+    let waiting = tokio::spawn({
+        let mut c = c.clone();
+        async move { c.poll(poll).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = pb::JoinGroupRequest {
+        group: "g".into(),
+        member: "m2".into(),
+        topics: vec!["shared".into()],
+        session_timeout_ms: 10_000,
+    };
+    let rejoined = c.join_group(second).await.unwrap().into_inner();
+    assert!(rejoined.generation > joined.generation);
+    let status = tokio::time::timeout(Duration::from_secs(15), waiting).await.unwrap().unwrap().unwrap_err();
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+    assert!(status.message().contains("is fenced"), "{status:?}");
+}
+
 /// A forged Raft vote with a term openraft cannot take: it used to be served
 /// on the client port, granted, and panic the metadata group for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

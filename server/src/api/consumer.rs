@@ -105,8 +105,9 @@ fn older_epoch(group: &GroupName, member: &MemberId, current: u64, given: u64) -
 
 /// How often a waiting poll looks again even if nothing was applied. A
 /// poll wakes when its partition or the metadata applies a batch (new
-/// records, a claim, a member fenced); this catches what changes without
-/// one (a cursor dropped when this broker stops hosting the partition).
+/// records, a claim, a member fenced or expired); this catches what changes
+/// without one (a cursor dropped when this broker stops hosting the
+/// partition, a lost leadership).
 const POLL_RECHECK: Duration = Duration::from_millis(100);
 
 impl KeelService {
@@ -330,6 +331,9 @@ impl KeelService {
             let mut membership = std::pin::pin!(metadata_applied.notified());
             membership.as_mut().enable();
             self.check_claim(&group, &member, request.member_epoch, generation, &partition)?;
+            // A member fenced or expired while it waits learns it now, not at
+            // the poll's deadline.
+            self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
             if self.node.cursor(&group_id, &group).is_none() {
                 return Err(Status::aborted("the claim moved; poll again"));
             }
