@@ -7,10 +7,8 @@
 //! code runs on tokio and, built with `--cfg madsim`, in the simulation.
 //!
 //! openraft is 0.9.25 as `shared/design/STACK.md` pins it, but vendored
-//! with two changes (`vendor/README.md`): a leader does not wait for its
-//! own log flush before it replicates and takes the next write, and
-//! openraft draws nothing from tokio's thread RNG, so a seed replays
-//! exactly inside a batch of runs.
+//! with one change (`vendor/README.md`): it draws nothing from tokio's
+//! thread RNG, so a seed replays exactly inside a batch of runs.
 
 pub mod api;
 pub mod clock;

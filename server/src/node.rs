@@ -516,7 +516,7 @@ impl Node {
     }
 
     async fn start_group(&self, group: GroupId, state_machine: GroupStateMachine) -> Result<Raft, StartError> {
-        let log = LogStore::of_node(self.inner.store.clone(), group.key(), self.id());
+        let log = LogStore::new(self.inner.store.clone(), group.key());
         let network = GroupNetwork::new(&group, self.inner.peers.clone());
         let raft = Raft::new(self.id(), self.inner.raft_config.clone(), network, log, state_machine.clone())
             .await
