@@ -38,6 +38,42 @@ async fn join(c: &mut KeelClient<Channel>, topic: &str) -> pb::JoinGroupResponse
     c.join_group(request).await.unwrap().into_inner()
 }
 
+/// As member `m` of `joined`, claim partition 0 of `topic` (retrying while
+/// its new group elects a leader), then start a poll that waits up to
+/// `max_wait_ms` on it.
+async fn claim_then_wait(
+    c: &mut KeelClient<Channel>,
+    topic: &str,
+    joined: &pb::JoinGroupResponse,
+    max_wait_ms: u64,
+) -> tokio::task::JoinHandle<Result<tonic::Response<pb::PollResponse>, tonic::Status>> {
+    let poll = pb::PollRequest {
+        group: "g".into(),
+        member: "m".into(),
+        generation: joined.generation,
+        member_epoch: joined.member_epoch,
+        topic: topic.into(),
+        partition: 0,
+        max_records: 10,
+        max_bytes: 0,
+        max_wait_ms,
+        offset: None,
+        topic_id: None,
+    };
+    let first = pb::PollRequest { max_wait_ms: 0, ..poll.clone() };
+    let mut claimed = c.poll(first.clone()).await;
+    for _ in 0..100 {
+        if claimed.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        claimed = c.poll(first.clone()).await;
+    }
+    claimed.unwrap();
+    let mut c = c.clone();
+    tokio::spawn(async move { c.poll(poll).await })
+}
+
 fn record(value: Vec<u8>) -> pb::Record {
     pb::Record { value, ..Default::default() }
 }
@@ -178,27 +214,8 @@ async fn a_long_poll_on_a_deleted_topic_is_told_not_found() {
     create(&client, "doomed", 1).await;
     let mut c = raw(&address).await;
     let joined = join(&mut c, "doomed").await;
-    let poll = pb::PollRequest {
-        group: "g".into(),
-        member: "m".into(),
-        generation: joined.generation,
-        member_epoch: joined.member_epoch,
-        topic: "doomed".into(),
-        partition: 0,
-        max_records: 10,
-        max_bytes: 0,
-        max_wait_ms: 20_000,
-        offset: None,
-        topic_id: None,
-    };
     // Claim first, then wait on the empty partition while it is deleted.
-    let mut first = poll.clone();
-    first.max_wait_ms = 0;
-    c.poll(first).await.unwrap();
-    let waiting = tokio::spawn({
-        let mut c = c.clone();
-        async move { c.poll(poll).await }
-    });
+    let waiting = claim_then_wait(&mut c, "doomed", &joined, 20_000).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     client.delete_topic("doomed").await.unwrap();
     let status = tokio::time::timeout(Duration::from_secs(15), waiting).await.unwrap().unwrap().unwrap_err();
@@ -218,35 +235,7 @@ async fn a_long_poll_of_a_member_fenced_while_it_waits_is_told_so() {
     create(&client, "shared", 2).await;
     let mut c = raw(&address).await;
     let joined = join(&mut c, "shared").await;
-    let poll = pb::PollRequest {
-        group: "g".into(),
-        member: "m".into(),
-        generation: joined.generation,
-        member_epoch: joined.member_epoch,
-        topic: "shared".into(),
-        partition: 0,
-        max_records: 10,
-        max_bytes: 0,
-        max_wait_ms: 3_000,
-        offset: None,
-        topic_id: None,
-    };
-    // Claim first (the new partition's group may still be electing).
-    let mut first = poll.clone();
-    first.max_wait_ms = 0;
-    let mut claimed = c.poll(first.clone()).await;
-    for _ in 0..100 {
-        if claimed.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        claimed = c.poll(first.clone()).await;
-    }
-    claimed.unwrap();
-    let waiting = tokio::spawn({
-        let mut c = c.clone();
-        async move { c.poll(poll).await }
-    });
+    let waiting = claim_then_wait(&mut c, "shared", &joined, 3_000).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let second = pb::JoinGroupRequest {
         group: "g".into(),
