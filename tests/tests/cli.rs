@@ -584,3 +584,33 @@ async fn group_reset_takes_partitions_a_time_and_a_dry_run() {
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     assert!(stderr(&output).contains("RFC 3339"), "{}", stderr(&output));
 }
+
+#[tokio::test]
+async fn consume_from_earliest_latest_an_offset_or_a_time() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "log", "--partitions", "1"], "");
+    cli_ok(&address, &["produce", "log"], "a\nb\nc\n");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    cli_ok(&address, &["produce", "log"], "d\ne\n");
+    let read = json_lines(&address, &["read", "log"], "");
+    let appended: u64 = read[3]["append_time_ms"].as_str().unwrap().parse().unwrap();
+    let at = humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(appended)).to_string();
+    // Each run consumes to the end and leaves; the next --from moves the
+    // group's position again before it joins.
+    let consumed = |from: &str| -> Vec<String> {
+        let args = ["consume", "log", "--group", "g", "--idle-timeout", "1s", "--format", "%v\\n", "--from", from];
+        cli_ok(&address, &args, "").lines().map(str::to_string).collect()
+    };
+    assert_eq!(consumed("earliest"), ["a", "b", "c", "d", "e"]);
+    assert_eq!(consumed("3"), ["d", "e"]);
+    assert_eq!(consumed(&at), ["d", "e"]);
+    assert_eq!(consumed("latest"), Vec::<String>::new());
+    // Without --from the group goes on where it stopped.
+    cli_ok(&address, &["produce", "log"], "f\n");
+    let args = ["consume", "log", "--group", "g", "--idle-timeout", "1s", "--format", "%v\\n"];
+    assert_eq!(cli_ok(&address, &args, ""), "f\n");
+    // Not a place to start from: refused when the flags are parsed.
+    let output = cli(&address, &["consume", "log", "--group", "g", "--from", "soon"], "");
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(stderr(&output).contains("not earliest, latest, an offset or a time"), "{}", stderr(&output));
+}

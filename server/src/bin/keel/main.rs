@@ -336,7 +336,8 @@ fn parse_header(text: &str) -> Result<pb::Header, String> {
 }
 
 #[derive(Args)]
-#[command(after_help = "Example: keel consume orders --group billing --max-records 100\n\n\
+#[command(after_help = "Examples:\n  keel consume orders --group billing --max-records 100\n  \
+    keel consume orders --group audit --from 2026-12-01T08:00:00Z\n\n\
     Ctrl-C (or SIGTERM) leaves the group, so its partitions go to the other members at once.")]
 struct ConsumeArgs {
     /// Topics to subscribe to.
@@ -360,8 +361,56 @@ struct ConsumeArgs {
     /// ms, as the older --idle-timeout-ms took).
     #[arg(long, alias = "idle-timeout-ms", value_parser = duration_or_ms)]
     idle_timeout: Option<std::time::Duration>,
+    /// Before joining, move the group's position on every partition of the
+    /// topics: earliest (the log start), latest (the high watermark), an
+    /// offset, or the first record appended at or after a time (RFC 3339,
+    /// or a duration ago such as 90m). The group must have no members.
+    /// Without it the group goes on from its committed positions.
+    #[arg(long, value_parser = StartFrom::parse)]
+    from: Option<StartFrom>,
     #[command(flatten)]
     output: RecordOutput,
+}
+
+/// Where `consume --from` and `group reset` put a group's position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StartFrom {
+    Earliest,
+    Latest,
+    Offset(u64),
+    /// Milliseconds since the Unix epoch.
+    Time(u64),
+}
+
+impl StartFrom {
+    fn parse(text: &str) -> Result<StartFrom, String> {
+        match text {
+            "earliest" => Ok(StartFrom::Earliest),
+            "latest" => Ok(StartFrom::Latest),
+            _ if text.bytes().all(|b| b.is_ascii_digit()) => {
+                text.parse().map(StartFrom::Offset).map_err(|e| format!("{text:?}: {e}"))
+            }
+            _ => parse_time_ms(text).map(StartFrom::Time).map_err(|e| {
+                format!("{text:?} is not earliest, latest, an offset or a time ({e})")
+            }),
+        }
+    }
+
+    /// The reset request's target for one partition (a time is looked up).
+    async fn target(
+        self,
+        client: &Client,
+        topic: &str,
+        partition: u32,
+    ) -> anyhow::Result<pb::reset_group_position_request::To> {
+        use pb::reset_group_position_request::To;
+        Ok(match self {
+            StartFrom::Earliest => To::Earliest(true),
+            StartFrom::Latest => To::Latest(true),
+            StartFrom::Offset(offset) => To::Offset(offset),
+            StartFrom::Time(time_ms) => To::Offset(client.offset_at_time(topic, partition, time_ms).await?),
+        })
+    }
 }
 
 /// How `consume` and `read` print records (without `--json`).
@@ -439,8 +488,8 @@ enum GroupCommand {
         /// commas); every partition of the topic if not given.
         #[arg(long = "partition", value_delimiter = ',')]
         partitions: Vec<u32>,
-        /// earliest (the log start), latest (the high watermark), or an
-        /// offset.
+        /// earliest (the log start), latest (the high watermark), an
+        /// offset, or a time as --to-time takes it.
         #[arg(long, default_value = "earliest", conflicts_with = "to_time")]
         to: String,
         /// The first record appended at or after this time (the high
@@ -1240,8 +1289,22 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
     // holding them until its session times out. Caught before joining, so
     // none is missed once the member exists.
     let mut interrupted = Interrupts::catch()?;
+    let client = discovering_client(connection).await?;
+    if let Some(from) = args.from {
+        for topic in &args.topics {
+            let count = client.describe_topic(topic).await?.partitions.len() as u32;
+            for partition in 0..count {
+                let to = Some(from.target(&client, topic, partition).await?);
+                let request =
+                    pb::ResetGroupPositionRequest { group: args.group.clone(), topic: topic.clone(), partition, to };
+                client.reset_group_position(request).await.with_context(|| {
+                    format!("--from: setting group {}'s position on {topic}/{partition}", args.group)
+                })?;
+            }
+        }
+    }
     let mut consumer = Consumer::join(
-        discovering_client(connection).await?,
+        client,
         &args.group,
         &member,
         args.topics.clone(),
@@ -1390,12 +1453,9 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
         GroupCommand::Reset { name, topic, partitions, to, to_time, dry_run } => {
             use pb::reset_group_position_request::To;
             let client = connection.client()?;
-            let target = match to.as_str() {
-                "earliest" => To::Earliest(true),
-                "latest" => To::Latest(true),
-                offset => To::Offset(
-                    offset.parse().with_context(|| format!("--to {offset:?}: use earliest, latest or an offset"))?,
-                ),
+            let from = match to_time {
+                Some(time_ms) => StartFrom::Time(time_ms),
+                None => StartFrom::parse(&to).map_err(|e| anyhow::anyhow!("--to {e}"))?,
             };
             let count = client.describe_topic(&topic).await?.partitions.len() as u32;
             let partitions: Vec<u32> = if partitions.is_empty() { (0..count).collect() } else { partitions };
@@ -1416,10 +1476,7 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
             }
             let mut positions = Vec::new();
             for partition in partitions {
-                let target = match to_time {
-                    Some(time_ms) => To::Offset(client.offset_at_time(&topic, partition, time_ms).await?),
-                    None => target,
-                };
+                let target = from.target(&client, &topic, partition).await?;
                 let (position, new_position) = if dry_run {
                     let now = client.group_position(&name, &topic, partition).await?;
                     let would = match target {
