@@ -239,6 +239,9 @@ fn not_keel(status: &Status) -> Option<String> {
 /// The group named in [`Client::offset_at_time`]'s position lookup, which
 /// only reads the partition's bounds.
 const BOUNDS_LOOKUP_GROUP: &str = "keel.offset-lookup";
+/// Partitions whose position `delete_group` removes at once (requests in
+/// flight).
+const GROUP_DELETE_PARTITIONS_IN_FLIGHT_MAX: usize = 16;
 
 impl Client {
     /// A client for the cluster reachable at `brokers` (`host:port`).
@@ -420,6 +423,69 @@ impl Client {
         })
         .await?;
         Ok(())
+    }
+
+    /// Change a topic's partition count (it can only grow) or retention;
+    /// `None` keeps a setting, a retention of 0 removes that limit.
+    pub async fn alter_topic(&self, request: pb::AlterTopicRequest) -> Result<pb::TopicDescription, ClientError> {
+        let response = self
+            .call(Route::Metadata, |mut c| {
+                let r = request.clone();
+                async move { c.alter_topic(r).await }
+            })
+            .await?;
+        Ok(response.topic.unwrap_or_default())
+    }
+
+    /// Delete a group that has no members: first its position on every
+    /// partition of every topic, then the group itself. Returns how many
+    /// partitions it had a position on. A group known only by its
+    /// positions (never joined) is deleted too; a group with neither is
+    /// `NOT_FOUND`. Refused with `FAILED_PRECONDITION` while it has members.
+    pub async fn delete_group(&self, group: &str) -> Result<u32, ClientError> {
+        use futures_util::{StreamExt, TryStreamExt};
+        let mut partitions = Vec::new();
+        for topic in self.list_topics().await? {
+            partitions.extend(topic.partitions.iter().map(|p| (topic.name.clone(), p.partition)));
+        }
+        let forgotten: Vec<bool> = futures_util::stream::iter(partitions)
+            .map(|(topic, partition)| {
+                let request = pb::ResetGroupPositionRequest {
+                    group: group.to_string(),
+                    topic,
+                    partition,
+                    to: Some(pb::reset_group_position_request::To::Forget(true)),
+                };
+                async move {
+                    let route = Route::Partition(request.topic.clone(), request.partition);
+                    let reply = self
+                        .call(route, |mut c| {
+                            let r = request.clone();
+                            async move { c.reset_group_position(r).await }
+                        })
+                        .await?;
+                    Ok::<_, ClientError>(reply.had_position)
+                }
+            })
+            .buffered(GROUP_DELETE_PARTITIONS_IN_FLIGHT_MAX)
+            .try_collect()
+            .await?;
+        let positions = forgotten.iter().filter(|had| **had).count() as u32;
+        let request = pb::DeleteGroupRequest { group: group.to_string() };
+        let deleted = self
+            .call(Route::Metadata, |mut c| {
+                let r = request.clone();
+                async move { c.delete_group(r).await }
+            })
+            .await;
+        match deleted {
+            Ok(_) => Ok(positions),
+            // Positions set by `group reset` with no member ever joined.
+            Err(ClientError::Refused(status)) if status.code() == tonic::Code::NotFound && positions > 0 => {
+                Ok(positions)
+            }
+            Err(error) => Err(error),
+        }
     }
 
     /// Every consumer group, as the broker asked has them.

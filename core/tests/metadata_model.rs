@@ -56,6 +56,11 @@ fn command() -> impl Strategy<Value = MetadataCommand> {
         2 => (name(&GROUPS), name(&MEMBERS)).prop_map(|(group, member)| MetadataCommand::LeaveGroup { group, member }),
         2 => (name(&GROUPS), proptest::collection::vec((name(&MEMBERS), 0u64..6), 0..3)).prop_map(|(group, members)| MetadataCommand::ExpireMembers { group, members }),
         1 => Just(MetadataCommand::AllocateProducerId),
+        2 => (name(&TOPICS), proptest::option::of(0u32..6), proptest::option::of((proptest::option::of(1u64..10), proptest::option::of(1u64..10))))
+            .prop_map(|(topic, partitions, retention)| MetadataCommand::AlterTopic {
+                topic, partitions, retention: retention.map(|(max_age_ms, max_bytes)| RetentionPolicy { max_age_ms, max_bytes })
+            }),
+        1 => name(&GROUPS).prop_map(|group| MetadataCommand::DeleteGroup { group }),
     ]
 }
 
@@ -89,6 +94,11 @@ struct Model {
     epochs: BTreeMap<(String, u32), u64>,
     started: BTreeSet<(String, u32)>,
     groups: BTreeMap<String, ModelGroup>,
+    /// Where a group created from now on starts its member epochs: above
+    /// every deleted group's.
+    epoch_floor: u64,
+    /// Each topic's retention.
+    retention: BTreeMap<String, RetentionPolicy>,
     next_producer: u64,
 }
 
@@ -113,6 +123,8 @@ impl Model {
             epochs: BTreeMap::new(),
             started: BTreeSet::new(),
             groups: BTreeMap::new(),
+            epoch_floor: 1,
+            retention: BTreeMap::new(),
             next_producer: 1,
         }
     }
@@ -260,6 +272,35 @@ impl Model {
                 Ok(())
             }
             MetadataCommand::AllocateProducerId => Ok(()),
+            MetadataCommand::AlterTopic { topic, partitions, .. } => {
+                if !legal(topic) {
+                    return Err("InvalidName");
+                }
+                let Some(placed) = self.topics.get(topic) else {
+                    return Err("UnknownTopic");
+                };
+                let requested = partitions.unwrap_or(placed.len() as u32);
+                if (requested as usize) < placed.len() {
+                    return Err("PartitionCountDecrease");
+                }
+                if requested > l.partitions_per_topic_max {
+                    return Err("InvalidPartitionCount");
+                }
+                if requested as usize > placed.len() && placed[0].len() > self.brokers.len() {
+                    return Err("Placement");
+                }
+                Ok(())
+            }
+            MetadataCommand::DeleteGroup { group } => {
+                if !legal(group) {
+                    return Err("InvalidName");
+                }
+                match self.groups.get(group) {
+                    None => Err("UnknownGroup"),
+                    Some(g) if !g.members.is_empty() => Err("GroupHasMembers"),
+                    Some(_) => Ok(()),
+                }
+            }
             // Not generated: moves settling and drains are tested by example
             // in tests/rejections.rs.
             MetadataCommand::DrainBroker { .. } => unreachable!("not generated"),
@@ -297,6 +338,7 @@ impl Model {
                 self.topics.remove(topic);
                 self.leaving.retain(|(t, _), _| t != topic);
                 self.ids.remove(topic);
+                self.retention.remove(topic);
                 self.epochs.retain(|(t, _), _| t != topic);
                 self.started.retain(|(t, _)| t != topic);
             }
@@ -320,7 +362,7 @@ impl Model {
                 let entry = self.groups.entry(group.clone()).or_insert(ModelGroup {
                     assignor: *assignor,
                     members: BTreeMap::new(),
-                    next_epoch: 1,
+                    next_epoch: self.epoch_floor,
                 });
                 entry.assignor = *assignor;
                 let topics: BTreeSet<String> = topics.iter().cloned().collect();
@@ -343,6 +385,28 @@ impl Model {
                 }
                 let got: Vec<String> = expired.iter().map(|m| m.as_str().to_string()).collect();
                 prop_assert_eq!(got, expected);
+            }
+            (
+                MetadataCommand::AlterTopic { topic, partitions, retention },
+                MetadataOutcome::TopicAltered { partitions: now, added, .. },
+            ) => {
+                let placed = self.topics.get_mut(topic).unwrap();
+                let replication_factor = placed[0].len();
+                prop_assert_eq!(*now as usize, partitions.map_or(placed.len(), |p| p as usize));
+                prop_assert_eq!(placed.len() + added.len(), *now as usize);
+                for placement in added {
+                    prop_assert_eq!(placement.replicas.len(), replication_factor);
+                    prop_assert_eq!(placement.epoch, 0);
+                    self.epochs.insert((topic.clone(), placed.len() as u32), 0);
+                    placed.push(placement.replicas.iter().map(|b| b.0).collect());
+                }
+                if let Some(retention) = retention {
+                    self.retention.insert(topic.clone(), *retention);
+                }
+            }
+            (MetadataCommand::DeleteGroup { group }, MetadataOutcome::GroupDeleted { .. }) => {
+                let deleted = self.groups.remove(group).unwrap();
+                self.epoch_floor = self.epoch_floor.max(deleted.next_epoch);
             }
             (MetadataCommand::AllocateProducerId, MetadataOutcome::ProducerIdAllocated { producer }) => {
                 prop_assert_eq!(producer.0, self.next_producer);
@@ -367,6 +431,11 @@ impl Model {
             })
             .collect();
         prop_assert_eq!(&topics, &self.topics);
+        for (name, retention) in &self.retention {
+            if let Some(topic) = state.topic(&TopicName::new(name.as_str()).unwrap()) {
+                prop_assert_eq!(&topic.retention, retention);
+            }
+        }
         prop_assert_eq!(state.groups().len(), self.groups.len());
         for (name, group) in &self.groups {
             let real = state.group(&GroupName::new(name.as_str()).unwrap()).unwrap();
@@ -409,6 +478,8 @@ fn rejection_kind(rejection: &MetadataRejection) -> &'static str {
         MetadataRejection::TooManyMembers { .. } => "TooManyMembers",
         MetadataRejection::AssignorMismatch { .. } => "AssignorMismatch",
         MetadataRejection::ProducerIdsExhausted => "ProducerIdsExhausted",
+        MetadataRejection::PartitionCountDecrease { .. } => "PartitionCountDecrease",
+        MetadataRejection::GroupHasMembers { .. } => "GroupHasMembers",
     }
 }
 
@@ -422,6 +493,7 @@ pub fn commands() -> impl Strategy<Value = Vec<MetadataCommand>> {
 pub fn check_commands(commands: &[MetadataCommand]) -> Result<(), TestCaseError> {
     let mut state = MetadataState::new(limits());
     let mut model = Model::new();
+    let mut deleted_generations: BTreeMap<GroupName, keel_core::Generation> = BTreeMap::new();
     for (step, command) in commands.iter().enumerate() {
         let at = TimestampMs(step as u64 * 10);
         let before = state.clone();
@@ -448,8 +520,20 @@ pub fn check_commands(commands: &[MetadataCommand]) -> Result<(), TestCaseError>
         model.compare(&state)?;
         // Generations never go back, and move by one exactly when the
         // assignment changed.
+        if let (MetadataCommand::DeleteGroup { .. }, Ok(MetadataOutcome::GroupDeleted { group })) = (command, &result) {
+            let deleted = before.group(group).unwrap().generation;
+            let highest = deleted_generations.entry(group.clone()).or_insert(deleted);
+            *highest = (*highest).max(deleted);
+        }
         for (name, group) in state.groups() {
-            let Some(old) = before.group(name) else { continue };
+            let Some(old) = before.group(name) else {
+                // A group created after a deletion of the same name starts
+                // above the deleted one's generation (its claims are fenced).
+                if let Some(deleted) = deleted_generations.get(name) {
+                    prop_assert!(group.generation > *deleted, "group {} restarted at {:?}", name, group.generation);
+                }
+                continue;
+            };
             let changed = old.assignment != group.assignment;
             prop_assert_eq!(group.generation.0, old.generation.0 + u64::from(changed), "group {}", name);
         }

@@ -86,6 +86,9 @@ pub enum Step {
         max_age_ms: Option<u64>,
         max_bytes: Option<u64>,
     },
+    Forget {
+        group: &'static str,
+    },
 }
 
 fn record() -> impl Strategy<Value = Record> {
@@ -115,7 +118,8 @@ fn step() -> impl Strategy<Value = Step> {
         3 => proptest::collection::vec((proptest::option::of((1u64..5, sequence)), proptest::collection::vec(record(), 0..4)), 0..4).prop_map(|batches| Step::AppendBatches { batches }),
         3 => (group.clone(), member.clone(), 0u64..4, 1u64..3).prop_map(|(group, member, generation, member_epoch)| Step::Claim { group, member, generation, member_epoch }),
         5 => (group.clone(), member, 0u64..4, 1u64..3, offset.clone()).prop_map(|(group, member, generation, member_epoch, offset)| Step::Commit { group, member, generation, member_epoch, offset }),
-        1 => (group, offset).prop_map(|(group, position)| Step::Reset { group, position }),
+        1 => (group.clone(), offset).prop_map(|(group, position)| Step::Reset { group, position }),
+        1 => group.prop_map(|group| Step::Forget { group }),
         2 => (proptest::option::of(0u64..200), proptest::option::of(0u64..60)).prop_map(|(max_age_ms, max_bytes)| Step::Retention { max_age_ms, max_bytes }),
     ]
 }
@@ -283,6 +287,11 @@ impl Model {
                 self.room_for(group)?;
                 self.groups.entry(group.clone()).or_default().position = Some(position.0);
                 Ok(PartitionOutcome::PositionReset { position: *position })
+            }
+            PartitionCommand::ForgetGroup { group } => {
+                GroupName::new(group.as_str())?;
+                let had_position = self.groups.remove(group).is_some_and(|g| g.position.is_some());
+                Ok(PartitionOutcome::GroupForgotten { had_position })
             }
             PartitionCommand::ApplyRetention { policy } => {
                 let mut removed = 0u64;
@@ -454,6 +463,7 @@ pub fn check_steps((steps, reads): Inputs) -> Result<(), TestCaseError> {
             Step::Retention { max_age_ms, max_bytes } => {
                 PartitionCommand::ApplyRetention { policy: RetentionPolicy { max_age_ms, max_bytes } }
             }
+            Step::Forget { group } => PartitionCommand::ForgetGroup { group: group.into() },
         };
         let before = state.clone();
         let expected = model.apply(clock, &command);

@@ -614,3 +614,83 @@ async fn consume_from_earliest_latest_an_offset_or_a_time() {
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     assert!(stderr(&output).contains("not earliest, latest, an offset or a time"), "{}", stderr(&output));
 }
+
+#[tokio::test]
+async fn topic_alter_adds_partitions_and_changes_retention() {
+    let (_dir, _broker, address) = one_broker().await;
+    let one = |args: &[&str]| -> serde_json::Value {
+        let mut documents = json_lines(&address, args, "");
+        assert_eq!(documents.len(), 1, "{args:?} printed {documents:?}");
+        documents.remove(0)
+    };
+    cli_ok(&address, &["topic", "create", "growing", "--partitions", "1", "--retention", "7d"], "");
+    cli_ok(&address, &["produce", "growing"], "before\n");
+    let altered = one(&["topic", "alter", "growing", "--partitions", "3", "--retention-bytes", "1MiB"]);
+    assert_eq!(altered["partitions"].as_array().map(Vec::len), Some(3), "{altered}");
+    // The age limit given at creation stays; the size limit is added.
+    assert_eq!(altered["retention_ms"], (7 * 24 * 3600 * 1000u64).to_string(), "{altered}");
+    assert_eq!(altered["retention_bytes"], "1048576", "{altered}");
+    // The new partitions start and take records; the old one keeps its own.
+    let produced = json_lines(&address, &["produce", "growing", "--partition", "2"], "after\n");
+    assert_eq!(produced[0]["partition"], 2, "{produced:?}");
+    let read = json_lines(&address, &["read", "growing", "--partition", "0"], "");
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0]["value"], "before");
+    // `forever` and `unlimited` remove the limits.
+    let kept = one(&["topic", "alter", "growing", "--retention", "forever", "--retention-bytes", "unlimited"]);
+    assert!(kept["retention_ms"].is_null() && kept["retention_bytes"].is_null(), "{kept}");
+    let described = one(&["topic", "describe", "growing"]);
+    assert_eq!(described["partitions"].as_array().map(Vec::len), Some(3), "{described}");
+
+    // Shrinking, nothing to change, and an unknown topic: clear errors.
+    let output = cli(&address, &["topic", "alter", "growing", "--partitions", "2"], "");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("partitions can only be added"), "{}", stderr(&output));
+    let output = cli(&address, &["topic", "alter", "growing"], "");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("say what to change"), "{}", stderr(&output));
+    let output = cli(&address, &["topic", "alter", "nowhere", "--partitions", "2"], "");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("topic nowhere does not exist"), "{}", stderr(&output));
+    let output = cli(&address, &["topic", "alter", "growing", "--retention", "0s"], "");
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+}
+
+#[tokio::test]
+async fn group_delete_forgets_the_group_and_its_positions() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "work", "--partitions", "2"], "");
+    cli_ok(&address, &["produce", "work"], "a\nb\nc\n");
+    let consume = ["consume", "work", "--group", "done", "--idle-timeout", "1s", "--format", "%v\\n"];
+    let mut first: Vec<String> = cli_ok(&address, &consume, "").lines().map(str::to_string).collect();
+    first.sort();
+    assert_eq!(first, ["a", "b", "c"]);
+    assert_eq!(cli_ok(&address, &consume, ""), "", "the group goes on from its positions");
+
+    // Refused while a member is in the group.
+    let client = keel_client::Client::new(vec![address.clone()], keel_client::RetryPolicy::default()).unwrap();
+    let member = keel_client::Consumer::join(client, "done", "holder", vec!["work".to_string()], 30_000).await.unwrap();
+    let output = cli(&address, &["group", "delete", "done"], "");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("has members"), "{}", stderr(&output));
+    member.leave().await.unwrap();
+
+    let deleted = json_lines(&address, &["group", "delete", "done"], "");
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert_eq!(deleted[0]["group"], "done");
+    assert!(deleted[0]["positions_removed"].as_u64().is_some_and(|n| n >= 1), "{deleted:?}");
+    let listed = json_lines(&address, &["group", "list"], "");
+    assert!(listed[0]["groups"].as_array().unwrap().iter().all(|g| g["group"] != "done"), "{listed:?}");
+    let output = cli(&address, &["group", "describe", "done"], "");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("does not exist"), "{}", stderr(&output));
+
+    // Joined again, the group starts from the log start.
+    let mut again: Vec<String> = cli_ok(&address, &consume, "").lines().map(str::to_string).collect();
+    again.sort();
+    assert_eq!(again, ["a", "b", "c"]);
+    // A group that never was.
+    let output = cli(&address, &["group", "delete", "never"], "");
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("does not exist"), "{}", stderr(&output));
+}

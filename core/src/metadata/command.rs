@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use super::state::RetentionPolicy;
 use crate::assignor::AssignorKind;
-use crate::id::{BrokerId, Generation, MemberId, NameError, PartitionIndex, ProducerId, TopicName, TopicPartition};
+use crate::id::{
+    BrokerId, Generation, GroupName, MemberId, NameError, PartitionIndex, ProducerId, TopicName, TopicPartition,
+};
 use crate::placement::{PartitionPlacement, PlacementError};
 
 /// A change to the cluster's metadata. The leader stamps each with its own
@@ -48,6 +50,16 @@ pub enum MetadataCommand {
     ExpireMembers { group: String, members: Vec<(String, u64)> },
     /// Hand out a fresh idempotent producer id.
     AllocateProducerId,
+    /// Change a topic's settings: its retention, and its partition count,
+    /// which may only grow (the new partitions are placed as a new topic's
+    /// would be, and groups reading the topic rebalance). `None` keeps a
+    /// setting as it is.
+    AlterTopic { topic: String, partitions: Option<u32>, retention: Option<RetentionPolicy> },
+    /// Forget a group that has no members. Its partition positions are
+    /// removed separately (`PartitionCommand::ForgetGroup`); a group of the
+    /// same name created later starts above every generation and member
+    /// epoch the deleted one reached, so its claims supersede any left.
+    DeleteGroup { group: String },
 }
 
 /// What an applied metadata command did.
@@ -95,6 +107,15 @@ pub enum MetadataOutcome {
     },
     ProducerIdAllocated {
         producer: ProducerId,
+    },
+    /// The topic now has `partitions` partitions; `added` are the new ones.
+    TopicAltered {
+        topic: TopicName,
+        partitions: u32,
+        added: Vec<PartitionPlacement>,
+    },
+    GroupDeleted {
+        group: GroupName,
     },
 }
 
@@ -163,11 +184,18 @@ pub enum MetadataRejection {
     AssignorMismatch { group: String, current: AssignorKind, requested: AssignorKind },
     #[error("producer ids are exhausted")]
     ProducerIdsExhausted,
+    #[error(
+        "topic {topic} has {current} partitions and cannot shrink to {requested}: partitions can only be added \
+         (create a new topic to have fewer)"
+    )]
+    PartitionCountDecrease { topic: TopicName, current: u32, requested: u32 },
+    #[error("group {group} has {members} members: stop them, or wait for their sessions to expire, then delete it")]
+    GroupHasMembers { group: GroupName, members: u32 },
 }
 
 impl MetadataRejection {
     /// Every kind of rejection, by name (the simulation counts which occur).
-    pub const KINDS: [&'static str; 25] = [
+    pub const KINDS: [&'static str; 27] = [
         "InvalidName",
         "InvalidBrokerAddress",
         "TooManyBrokers",
@@ -193,6 +221,8 @@ impl MetadataRejection {
         "TooManyMembers",
         "AssignorMismatch",
         "ProducerIdsExhausted",
+        "PartitionCountDecrease",
+        "GroupHasMembers",
     ];
 
     /// This rejection's kind: its variant's name.
@@ -223,6 +253,8 @@ impl MetadataRejection {
             Self::TooManyMembers { .. } => "TooManyMembers",
             Self::AssignorMismatch { .. } => "AssignorMismatch",
             Self::ProducerIdsExhausted => "ProducerIdsExhausted",
+            Self::PartitionCountDecrease { .. } => "PartitionCountDecrease",
+            Self::GroupHasMembers { .. } => "GroupHasMembers",
         }
     }
 }

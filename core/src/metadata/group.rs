@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use super::state::GroupFloor;
 use crate::assignor::{assign, Assignment, AssignmentInput, AssignorKind};
 use crate::id::{Generation, MemberId, TimestampMs, TopicName, TopicPartition};
 
@@ -21,9 +22,10 @@ pub struct MemberInfo {
 
 /// One consumer group.
 ///
-/// A group is never forgotten once created, even with no members: its
-/// generation must keep rising, or a re-created group would reuse
-/// generations that partition claims have already fenced off.
+/// A group stays, with no members, until it is deleted; its generation must
+/// keep rising, or a re-created group would reuse generations that
+/// partition claims have already fenced off: a group created after a
+/// deletion starts above every deleted group's (`GroupFloor`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GroupInfo {
     pub generation: Generation,
@@ -36,12 +38,17 @@ pub struct GroupInfo {
 
 impl GroupInfo {
     pub fn new(assignor: AssignorKind) -> Self {
+        Self::starting_at(assignor, GroupFloor::default())
+    }
+
+    /// A new group whose generation and member epochs start above `floor`.
+    pub fn starting_at(assignor: AssignorKind, floor: GroupFloor) -> Self {
         GroupInfo {
-            generation: Generation(0),
+            generation: floor.generation,
             assignor,
             members: BTreeMap::new(),
             assignment: Assignment::default(),
-            next_member_epoch: 1,
+            next_member_epoch: floor.member_epoch.max(1),
         }
     }
 

@@ -14,4 +14,4 @@ mod state;
 
 pub use command::{MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult};
 pub use group::{GroupInfo, MemberInfo};
-pub use state::{BrokerInfo, MetadataState, RetentionPolicy, TopicInfo};
+pub use state::{BrokerInfo, GroupFloor, MetadataState, RetentionPolicy, TopicInfo};

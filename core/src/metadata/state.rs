@@ -9,7 +9,9 @@ use super::command::{
 };
 use super::group::{GroupInfo, MemberInfo};
 use crate::assignor::AssignorKind;
-use crate::id::{BrokerId, GroupName, MemberId, PartitionIndex, ProducerId, TimestampMs, TopicName, TopicPartition};
+use crate::id::{
+    BrokerId, Generation, GroupName, MemberId, PartitionIndex, ProducerId, TimestampMs, TopicName, TopicPartition,
+};
 use crate::invariant::{ensure, InvariantViolation};
 use crate::limits::Limits;
 use crate::placement::{place_partitions, PartitionPlacement, PlacementLoad};
@@ -48,6 +50,13 @@ pub struct TopicInfo {
     pub created_at: TimestampMs,
 }
 
+/// Where a newly created group's generation and member epochs start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct GroupFloor {
+    pub generation: Generation,
+    pub member_epoch: u64,
+}
+
 /// The whole cluster metadata, as replicated by the metadata Raft group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetadataState {
@@ -57,6 +66,10 @@ pub struct MetadataState {
     groups: BTreeMap<GroupName, GroupInfo>,
     next_producer_id: ProducerId,
     next_topic_id: u64,
+    /// Above every generation and member epoch a deleted group reached: a
+    /// group created later starts here, so partition claims of a deleted
+    /// group of the same name never fence the new one's members.
+    deleted_groups_floor: GroupFloor,
     applied_commands: u64,
     rejected_commands: u64,
 }
@@ -72,6 +85,7 @@ impl MetadataState {
             groups: BTreeMap::new(),
             next_producer_id: ProducerId(1),
             next_topic_id: 1,
+            deleted_groups_floor: GroupFloor::default(),
             applied_commands: 0,
             rejected_commands: 0,
         }
@@ -144,6 +158,10 @@ impl MetadataState {
             MetadataCommand::LeaveGroup { group, member } => self.leave_group(group, member),
             MetadataCommand::ExpireMembers { group, members } => self.expire_members(group, members),
             MetadataCommand::AllocateProducerId => self.allocate_producer_id(),
+            MetadataCommand::AlterTopic { topic, partitions, retention } => {
+                self.alter_topic(topic, *partitions, *retention)
+            }
+            MetadataCommand::DeleteGroup { group } => self.delete_group(group),
         }
     }
 
@@ -266,6 +284,61 @@ impl MetadataState {
         };
         self.rebalance_groups_subscribed_to(&name);
         Ok(MetadataOutcome::TopicDeleted { topic: name, partitions: info.partitions.len() as u32 })
+    }
+
+    fn alter_topic(
+        &mut self,
+        topic: &str,
+        partitions: Option<u32>,
+        retention: Option<RetentionPolicy>,
+    ) -> MetadataResult {
+        let name = TopicName::new(topic)?;
+        let Some(info) = self.topics.get(&name) else {
+            return Err(MetadataRejection::UnknownTopic { topic: topic.to_string() });
+        };
+        let current = info.partitions.len() as u32;
+        let requested = partitions.unwrap_or(current);
+        if requested < current {
+            return Err(MetadataRejection::PartitionCountDecrease { topic: name, current, requested });
+        }
+        if requested > self.limits.partitions_per_topic_max {
+            return Err(MetadataRejection::InvalidPartitionCount {
+                requested,
+                max: self.limits.partitions_per_topic_max,
+            });
+        }
+        let added = requested - current;
+        let placements = if added > 0 {
+            let brokers: BTreeSet<BrokerId> =
+                self.brokers.iter().filter(|(_, b)| !b.draining).map(|(id, _)| *id).collect();
+            place_partitions(&brokers, &self.placement_load(), added, info.replication_factor)?
+        } else {
+            Vec::new()
+        };
+        let info = self.topics.get_mut(&name).expect("looked up above");
+        info.partitions.extend(placements.iter().cloned());
+        if let Some(retention) = retention {
+            info.retention = retention;
+        }
+        if added > 0 {
+            self.rebalance_groups_subscribed_to(&name);
+        }
+        Ok(MetadataOutcome::TopicAltered { topic: name, partitions: requested, added: placements })
+    }
+
+    fn delete_group(&mut self, group: &str) -> MetadataResult {
+        let name = GroupName::new(group)?;
+        let Some(info) = self.groups.get(&name) else {
+            return Err(MetadataRejection::UnknownGroup { group: group.to_string() });
+        };
+        if !info.members.is_empty() {
+            return Err(MetadataRejection::GroupHasMembers { group: name, members: info.members.len() as u32 });
+        }
+        let floor = &mut self.deleted_groups_floor;
+        floor.generation = floor.generation.max(info.generation.next());
+        floor.member_epoch = floor.member_epoch.max(info.next_member_epoch);
+        self.groups.remove(&name);
+        Ok(MetadataOutcome::GroupDeleted { group: name })
     }
 
     fn move_replicas(&mut self, topic: &str, partition: PartitionIndex, replicas: &[BrokerId]) -> MetadataResult {
@@ -411,7 +484,8 @@ impl MetadataState {
             }
         }
         let counts = self.partition_counts();
-        let info = self.groups.entry(group_name).or_insert_with(|| GroupInfo::new(assignor));
+        let floor = self.deleted_groups_floor;
+        let info = self.groups.entry(group_name).or_insert_with(|| GroupInfo::starting_at(assignor, floor));
         info.assignor = assignor;
         // Every join is a new membership with its own epoch, so that an
         // older process (or an earlier join) of the same member id is

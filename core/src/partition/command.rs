@@ -47,6 +47,9 @@ pub enum PartitionCommand {
     ResetPosition { group: String, position: Offset },
     /// Remove records that the topic's retention no longer keeps.
     ApplyRetention { policy: RetentionPolicy },
+    /// Drop a group's position and claim here (the group is being deleted;
+    /// the server checks that it has no members, as for `ResetPosition`).
+    ForgetGroup { group: String },
 }
 
 /// What an applied partition command did.
@@ -74,6 +77,11 @@ pub enum PartitionOutcome {
     },
     PositionReset {
         position: Offset,
+    },
+    /// The group has no position or claim here any more; `had_position`
+    /// says whether it had one.
+    GroupForgotten {
+        had_position: bool,
     },
     /// Retention ran; groups whose position fell below the new log start
     /// are listed with their position (they lost records they had not read).

@@ -128,6 +128,7 @@ impl PartitionState {
             }
             PartitionCommand::ResetPosition { group, position } => self.reset_position(group, *position),
             PartitionCommand::ApplyRetention { policy } => Ok(self.apply_retention(log, at, *policy)?),
+            PartitionCommand::ForgetGroup { group } => self.forget_group(group),
         };
         self.count(&result);
         Ok(result)
@@ -373,6 +374,12 @@ impl PartitionState {
         }
         entry.position = Some(position);
         Ok(PartitionOutcome::Committed { position })
+    }
+
+    fn forget_group(&mut self, group: &str) -> PartitionResult {
+        let group = GroupName::new(group)?;
+        let had_position = self.groups.remove(&group).is_some_and(|g| g.position.is_some());
+        Ok(PartitionOutcome::GroupForgotten { had_position })
     }
 
     fn reset_position(&mut self, group: &str, position: Offset) -> PartitionResult {

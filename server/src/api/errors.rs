@@ -105,6 +105,8 @@ pub(super) fn metadata_rejection(rejection: MetadataRejection) -> Status {
         BrokerHoldsReplicas { .. } | AssignorMismatch { .. } | StaleMoveReport { .. } | NowhereToDrain { .. } => {
             Code::FailedPrecondition
         }
+        PartitionCountDecrease { .. } => Code::InvalidArgument,
+        GroupHasMembers { .. } => Code::FailedPrecondition,
     };
     Status::new(code, rejection.to_string())
 }

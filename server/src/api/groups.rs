@@ -1,6 +1,7 @@
 //! Group administration: describe a group, read a group's position on a
 //! partition, reset it while the group has no members.
 
+use keel_core::metadata::MetadataCommand;
 use keel_core::partition::{PartitionCommand, PartitionOutcome};
 use keel_core::{GroupName, Offset};
 use keel_proto::v1 as pb;
@@ -93,14 +94,36 @@ impl KeelService {
             Some(pb::reset_group_position_request::To::Earliest(_)) => state.log_start(),
             Some(pb::reset_group_position_request::To::Latest(_)) => state.high_watermark(),
             Some(pb::reset_group_position_request::To::Offset(offset)) => Offset(offset),
+            Some(pb::reset_group_position_request::To::Forget(_)) => {
+                let command = PartitionCommand::ForgetGroup { group: request.group };
+                return match self.propose_partition(&partition, command).await? {
+                    PartitionOutcome::GroupForgotten { had_position } => {
+                        Ok(pb::ResetGroupPositionResponse { position: state.log_start().0, had_position })
+                    }
+                    other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+                };
+            }
             None => return Err(Status::invalid_argument("say where to reset to: earliest, latest or an offset")),
         };
         match self
             .propose_partition(&partition, PartitionCommand::ResetPosition { group: request.group, position })
             .await?
         {
-            PartitionOutcome::PositionReset { position } => Ok(pb::ResetGroupPositionResponse { position: position.0 }),
+            PartitionOutcome::PositionReset { position } => {
+                Ok(pb::ResetGroupPositionResponse { position: position.0, had_position: true })
+            }
             other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
         }
+    }
+
+    /// Forget a group with no members in the metadata (its positions were
+    /// forgotten partition by partition before).
+    pub(super) async fn delete_group_request(
+        &self,
+        request: pb::DeleteGroupRequest,
+    ) -> Result<pb::DeleteGroupResponse, Status> {
+        GroupName::new(request.group.as_str()).map_err(invalid_name)?;
+        self.propose_metadata(MetadataCommand::DeleteGroup { group: request.group }).await?;
+        Ok(pb::DeleteGroupResponse {})
     }
 }

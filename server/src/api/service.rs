@@ -370,6 +370,35 @@ impl KeelService {
         Ok(Response::new(pb::DeleteTopicResponse {}))
     }
 
+    async fn alter_topic_call(
+        &self,
+        request: Request<pb::AlterTopicRequest>,
+    ) -> Result<Response<pb::AlterTopicResponse>, Status> {
+        let request = request.into_inner();
+        let name = TopicName::new(request.topic.as_str()).map_err(invalid_name)?;
+        // A retention change keeps the other retention setting as this
+        // broker's metadata has it (0 removes a limit).
+        let retention = match (request.retention_ms, request.retention_bytes) {
+            (None, None) => None,
+            (age, bytes) => {
+                let metadata = self.node.metadata();
+                let Some(current) = metadata.topic(&name).map(|t| t.retention) else {
+                    return Err(self.missing(format!("topic {name} does not exist")).await);
+                };
+                let change = |given: Option<u64>, now: Option<u64>| given.map_or(now, |v| (v > 0).then_some(v));
+                Some(RetentionPolicy {
+                    max_age_ms: change(age, current.max_age_ms),
+                    max_bytes: change(bytes, current.max_bytes),
+                })
+            }
+        };
+        let command = MetadataCommand::AlterTopic { topic: request.topic, partitions: request.partitions, retention };
+        self.propose_metadata(command).await?;
+        let metadata = self.node.metadata();
+        let info = metadata.topic(&name).ok_or_else(|| Status::internal("the altered topic is missing"))?;
+        Ok(Response::new(pb::AlterTopicResponse { topic: Some(self.describe(&name, info)) }))
+    }
+
     async fn list_topics_call(
         &self,
         _request: Request<pb::ListTopicsRequest>,
@@ -509,6 +538,13 @@ impl Keel for KeelService {
         self.timed("DeleteTopic", self.delete_topic_call(request)).await
     }
 
+    async fn alter_topic(
+        &self,
+        request: Request<pb::AlterTopicRequest>,
+    ) -> Result<Response<pb::AlterTopicResponse>, Status> {
+        self.timed("AlterTopic", self.alter_topic_call(request)).await
+    }
+
     async fn list_topics(
         &self,
         request: Request<pb::ListTopicsRequest>,
@@ -616,5 +652,13 @@ impl Keel for KeelService {
             self.reset_group_position_request(request.into_inner()).await.map(Response::new)
         })
         .await
+    }
+
+    async fn delete_group(
+        &self,
+        request: Request<pb::DeleteGroupRequest>,
+    ) -> Result<Response<pb::DeleteGroupResponse>, Status> {
+        self.timed("DeleteGroup", async { self.delete_group_request(request.into_inner()).await.map(Response::new) })
+            .await
     }
 }

@@ -279,6 +279,27 @@ enum TopicCommand {
         /// The topic.
         name: String,
     },
+    /// Change a topic's settings: add partitions (keys then map to other
+    /// partitions, as in Kafka; groups reading it rebalance) or change its
+    /// retention. Settings not given stay as they are.
+    #[command(after_help = "Examples:\n  keel topic alter orders --partitions 12\n  \
+        keel topic alter orders --retention 3d --retention-bytes 1GiB\n  \
+        keel topic alter orders --retention forever")]
+    Alter {
+        /// The topic.
+        name: String,
+        /// The new partition count; partitions can only be added.
+        #[arg(long)]
+        partitions: Option<u32>,
+        /// Remove records older than this (e.g. 7d, 12h), or `forever` to
+        /// keep them.
+        #[arg(long, value_parser = parse_retention_age)]
+        retention: Option<u64>,
+        /// Remove the oldest records while a partition holds more than this
+        /// (e.g. 10GiB), or `unlimited`.
+        #[arg(long, value_parser = parse_retention_bytes)]
+        retention_bytes: Option<u64>,
+    },
     /// Move one partition's replicas to other brokers (to drain a broker
     /// before removing it). The partition's leader then changes the
     /// group's membership; `topic describe` shows the voters converge.
@@ -323,6 +344,31 @@ fn parse_time_ms(text: &str) -> Result<u64, String> {
     };
     let since_epoch = time.duration_since(std::time::UNIX_EPOCH).map_err(|_| format!("{text} is before 1970"))?;
     Ok(since_epoch.as_millis() as u64)
+}
+
+/// `topic alter --retention`: milliseconds, 0 for `forever`.
+fn parse_retention_age(text: &str) -> Result<u64, String> {
+    if text == "forever" {
+        return Ok(0);
+    }
+    let age = humantime::parse_duration(text).map_err(|e| format!("{e}: write a duration such as 7d, or forever"))?;
+    match u64::try_from(age.as_millis()) {
+        Ok(0) => Err("a retention of 0 would remove every record: give a duration, or forever".to_string()),
+        Ok(ms) => Ok(ms),
+        Err(_) => Ok(u64::MAX),
+    }
+}
+
+/// `topic alter --retention-bytes`: bytes, 0 for `unlimited`.
+fn parse_retention_bytes(text: &str) -> Result<u64, String> {
+    if text == "unlimited" {
+        return Ok(0);
+    }
+    match text.parse::<bytesize::ByteSize>() {
+        Ok(size) if size.as_u64() > 0 => Ok(size.as_u64()),
+        Ok(_) => Err("a size of 0 would remove every record: give a size, or unlimited".to_string()),
+        Err(e) => Err(format!("{e}: write a size such as 10GiB, or unlimited")),
+    }
 }
 
 /// `--header KEY=VALUE`.
@@ -390,9 +436,9 @@ impl StartFrom {
             _ if text.bytes().all(|b| b.is_ascii_digit()) => {
                 text.parse().map(StartFrom::Offset).map_err(|e| format!("{text:?}: {e}"))
             }
-            _ => parse_time_ms(text).map(StartFrom::Time).map_err(|e| {
-                format!("{text:?} is not earliest, latest, an offset or a time ({e})")
-            }),
+            _ => parse_time_ms(text)
+                .map(StartFrom::Time)
+                .map_err(|e| format!("{text:?} is not earliest, latest, an offset or a time ({e})")),
         }
     }
 
@@ -501,6 +547,13 @@ enum GroupCommand {
         /// get, and change nothing.
         #[arg(long)]
         dry_run: bool,
+    },
+    /// Delete a group that has no members, with its position on every
+    /// partition: a group of the same name joined later starts afresh.
+    #[command(after_help = "Example: keel group delete billing")]
+    Delete {
+        /// The group.
+        name: String,
     },
 }
 
@@ -1160,6 +1213,14 @@ async fn topic(command: TopicCommand, connection: &Connection) -> anyhow::Result
                 );
             }
         }
+        TopicCommand::Alter { name, partitions, retention, retention_bytes } => {
+            if partitions.is_none() && retention.is_none() && retention_bytes.is_none() {
+                bail!("say what to change: --partitions, --retention or --retention-bytes");
+            }
+            let request = pb::AlterTopicRequest { topic: name, partitions, retention_ms: retention, retention_bytes };
+            let topic = connection.client()?.alter_topic(request).await?;
+            print_topics(vec![topic], connection.json, true);
+        }
         TopicCommand::Delete { name } => {
             connection.client()?.delete_topic(&name).await?;
             if connection.json {
@@ -1450,6 +1511,14 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                 }
             }
         }
+        GroupCommand::Delete { name } => {
+            let positions = connection.client()?.delete_group(&name).await?;
+            if connection.json {
+                print_json(&serde_json::json!({"group": name, "positions_removed": positions}));
+            } else {
+                println!("deleted group {name} and its positions on {positions} partitions");
+            }
+        }
         GroupCommand::Reset { name, topic, partitions, to, to_time, dry_run } => {
             use pb::reset_group_position_request::To;
             let client = connection.client()?;
@@ -1480,7 +1549,7 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                 let (position, new_position) = if dry_run {
                     let now = client.group_position(&name, &topic, partition).await?;
                     let would = match target {
-                        To::Earliest(_) => now.log_start,
+                        To::Earliest(_) | To::Forget(_) => now.log_start,
                         To::Latest(_) => now.high_watermark,
                         To::Offset(offset) => offset,
                     };
