@@ -115,6 +115,21 @@ impl Broker {
         let _ = self.child.wait();
     }
 
+    /// Wait up to `timeout` for the broker to stop by itself; its exit
+    /// status, or `None` if it still runs.
+    pub fn wait_for_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("check on keel serve") {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Stop with SIGTERM (a graceful shutdown) and return its exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         signal(&self.child, rustix::process::Signal::TERM);

@@ -118,7 +118,12 @@ fn a_broker_joins_takes_over_replicas_and_another_is_drained_and_removed() {
         Err(error) => error.to_string().contains("was removed from the cluster"),
         Ok(_) => false,
     });
-    broker1.take().unwrap().kill();
+    // Then it stops by itself, cleanly, and says why in its log.
+    let mut broker1 = broker1.take().unwrap();
+    let status = broker1.wait_for_exit(Duration::from_secs(60)).expect("the removed broker to stop by itself");
+    assert!(status.success(), "{status}");
+    let log = std::fs::read_to_string(dirs[0].path().join("keel.log")).unwrap_or_default();
+    assert!(log.contains("removed from the cluster; stopping"), "{log}");
     let cluster = json(b2, &["cluster", "status", "--json"]);
     let mut brokers: Vec<u64> =
         cluster["brokers"].as_array().unwrap().iter().map(|b| keel_tests::number(&b["id"])).collect();

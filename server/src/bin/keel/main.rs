@@ -919,6 +919,11 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
     Ok(Settled { config, data_dir, join: None, metrics_listen, cluster_secret })
 }
 
+/// How long a broker goes on after it sees that it was removed from the
+/// cluster before it stops by itself (exit status 0). Meanwhile it tells
+/// clients to ask another broker.
+const REMOVED_STOP_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let retention_check_interval = args.retention_check_interval;
     let Settled { mut config, data_dir, join, metrics_listen, cluster_secret: given_secret } = settle(args)?;
@@ -977,6 +982,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Caught before "listening" is said, so a stop sent after it is seen.
     let mut signal = Interrupts::catch()?;
     println!("keel broker {id} listening on {listen} ({serving})");
+    let mut removed_since = None;
     loop {
         tokio::select! {
             biased;
@@ -985,6 +991,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 if let Some(fatal) = node.fatal_error() {
                     node.shutdown().await;
                     bail!("broker {id} stopped: {fatal}; restart it to recover from its data directory");
+                }
+                if !node.removed_from_cluster() {
+                    removed_since = None;
+                } else if removed_since.get_or_insert_with(tokio::time::Instant::now).elapsed() >= REMOVED_STOP_AFTER {
+                    tracing::warn!(broker = id, "this broker was removed from the cluster; stopping");
+                    let _ = writeln!(std::io::stdout(), "keel broker {id} was removed from the cluster");
+                    break;
                 }
             }
         }
