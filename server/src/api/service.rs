@@ -1,7 +1,10 @@
 //! `keel.v1.Keel` on a broker node.
 
-use keel_core::metadata::{MetadataCommand, MetadataOutcome, RetentionPolicy, TopicInfo};
+use keel_core::metadata::{
+    MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult, RetentionPolicy, TopicInfo,
+};
 use keel_core::partition::{AppendBatch, PartitionCommand, PartitionOutcome, ProducerBatch};
+use keel_core::placement::PlacementError;
 use keel_core::record::{Header, Record, StoredRecord};
 use keel_core::{Offset, PartitionIndex, ProducerId, Sequence, TimestampMs, TopicName, TopicPartition};
 use keel_proto::v1 as pb;
@@ -73,8 +76,13 @@ impl KeelService {
     }
 
     pub(super) async fn propose_metadata(&self, command: MetadataCommand) -> Result<MetadataOutcome, Status> {
+        self.propose_metadata_result(command).await?.map_err(metadata_rejection)
+    }
+
+    /// Propose a metadata command; its applied result, rejection included.
+    async fn propose_metadata_result(&self, command: MetadataCommand) -> Result<MetadataResult, Status> {
         match self.node.propose(&GroupId::Metadata, Command::Metadata(command)).await.map_err(not_leader)? {
-            Applied::Metadata(result) => result.map_err(metadata_rejection),
+            Applied::Metadata(result) => Ok(result),
             other => Err(Status::internal(format!("the metadata group answered {other:?}"))),
         }
     }
@@ -354,7 +362,24 @@ impl KeelService {
             replication_factor: request.replication_factor,
             retention,
         };
-        self.propose_metadata(command).await?;
+        match self.propose_metadata_result(command).await? {
+            Ok(_) => {}
+            // Brokers register once the metadata group has a leader: a
+            // topic created right after the brokers started may find too
+            // few. While fewer than the metadata voters are registered, the
+            // cluster is still forming: the client retries.
+            Err(MetadataRejection::Placement(PlacementError::NotEnoughBrokers { .. }))
+                if self.node.metadata().brokers().len()
+                    < self.node.group_voters(&GroupId::Metadata).unwrap_or_default().len() =>
+            {
+                let registered = self.node.metadata().brokers().len();
+                let voters = self.node.group_voters(&GroupId::Metadata).unwrap_or_default().len();
+                return Err(Status::unavailable(format!(
+                    "the cluster is still forming ({registered} of its {voters} brokers have registered): retry shortly"
+                )));
+            }
+            Err(rejection) => return Err(metadata_rejection(rejection)),
+        }
         let metadata = self.node.metadata();
         let info = metadata.topic(&name).ok_or_else(|| Status::internal("the created topic is missing"))?;
         Ok(Response::new(pb::CreateTopicResponse { topic: Some(self.describe(&name, info)) }))

@@ -582,6 +582,10 @@ enum ClusterCommand {
         /// The broker's id.
         id: u64,
     },
+    /// Print a new random cluster secret (64 hex digits) to give every
+    /// broker of a new cluster (--cluster-secret or KEEL_CLUSTER_SECRET).
+    #[command(after_help = "Example: export KEEL_CLUSTER_SECRET=$(keel cluster new-secret)")]
+    NewSecret,
 }
 
 fn main() -> std::process::ExitCode {
@@ -646,6 +650,10 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Cluster(ClusterCommand::Health) => health(connection).await,
+        Command::Cluster(ClusterCommand::NewSecret) => {
+            println!("{}", new_secret());
+            Ok(())
+        }
         Command::Cluster(ClusterCommand::Status) => {
             let cluster = cluster_as_the_leader_sees_it(&connection.client()?, connection).await?;
             if connection.json {
@@ -803,6 +811,13 @@ const SECRET_BYTES_MAX: usize = 256;
 /// The cluster secret: the one given, checked against the one kept in the
 /// data directory; else the one kept; else, for a new one-broker cluster, a
 /// new one. The result is kept in the data directory.
+/// 32 random bytes as 64 hex digits.
+fn new_secret() -> String {
+    use rand::Rng;
+    let bytes: [u8; 32] = rand::thread_rng().gen();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn cluster_secret(given: Option<String>, data_dir: &std::path::Path, single: bool) -> anyhow::Result<String> {
     let path = data_dir.join(SECRET_FILE);
     let kept = match std::fs::read_to_string(&path) {
@@ -817,14 +832,10 @@ fn cluster_secret(given: Option<String>, data_dir: &std::path::Path, single: boo
             path.display()
         ),
         (Some(secret), _) | (None, Some(secret)) => secret,
-        (None, None) if single => {
-            use rand::Rng;
-            let bytes: [u8; 32] = rand::thread_rng().gen();
-            bytes.iter().map(|b| format!("{b:02x}")).collect()
-        }
+        (None, None) if single => new_secret(),
         (None, None) => bail!(
             "brokers of a cluster share a secret: give every broker the same --cluster-secret (or \
-             KEEL_CLUSTER_SECRET), for example from `openssl rand -hex 32`"
+             KEEL_CLUSTER_SECRET), for example from `keel cluster new-secret`"
         ),
     };
     if secret.is_empty()
