@@ -694,3 +694,23 @@ async fn group_delete_forgets_the_group_and_its_positions() {
     assert!(!output.status.success());
     assert!(stderr(&output).contains("does not exist"), "{}", stderr(&output));
 }
+
+#[tokio::test]
+async fn tables_fit_their_contents_however_long_the_names() {
+    let (_dir, _broker, address) = one_broker().await;
+    let long = "a-topic-whose-name-is-much-longer-than-twenty-four-characters";
+    cli_ok(&address, &["topic", "create", long, "--partitions", "2"], "");
+    let listed = cli_ok(&address, &["topic", "list"], "");
+    let mut lines = listed.lines();
+    let header = lines.next().unwrap();
+    assert!(header.starts_with("TOPIC "), "{listed}");
+    // Numbers end under the end of their (right-aligned) column's header.
+    let end = header.find("PARTITION").unwrap() + "PARTITION".len();
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 2, "{listed}");
+    for (partition, row) in rows.iter().enumerate() {
+        assert!(row.starts_with(long), "the name is whole: {row}");
+        assert_eq!(row[..end].trim_start_matches(long).trim(), partition.to_string(), "{listed}");
+        assert_eq!(row.trim_end(), *row, "no trailing spaces: {row:?}");
+    }
+}

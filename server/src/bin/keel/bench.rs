@@ -178,7 +178,7 @@ impl Report {
 }
 
 /// A live rate line on stderr (drawn only on a terminal).
-fn progress(what: &'static str) -> ProgressBar {
+pub(crate) fn progress(what: &'static str) -> ProgressBar {
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
     bar.set_style(ProgressStyle::with_template("{spinner} {elapsed} {msg}").expect("a valid template"));
     bar.set_message(format!("{what}: warming up"));

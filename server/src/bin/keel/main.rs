@@ -2,7 +2,7 @@
 //! produce, read, cluster status).
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -230,7 +230,6 @@ const DEFAULT_LOG_FILTER: &str = "warn,openraft::replication=off,openraft::engin
 /// filter, default [`DEFAULT_LOG_FILTER`]), refusing a filter that does not
 /// parse; colour only on a terminal.
 fn start_logging(logging: &Logging) -> anyhow::Result<()> {
-    use std::io::IsTerminal;
     let filter = match std::env::var("KEEL_LOG") {
         Ok(text) => tracing_subscriber::EnvFilter::try_new(&text).map_err(|error| {
             anyhow::anyhow!("KEEL_LOG={text:?} is not a log filter ({error}); use a level such as info or debug, or e.g. keel_server=debug,warn")
@@ -659,7 +658,7 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
             if connection.json {
                 print_json(&cluster);
             } else {
-                println!("{:<8} {:<24} {:<6} {:>8} ROLE", "BROKER", "ADDRESS", "LIVE", "REPLICAS");
+                let mut rows = table(&["BROKER", "ADDRESS", "LIVE", "REPLICAS", "ROLE"], &["REPLICAS"]);
                 for broker in &cluster.brokers {
                     let role = if broker.id == cluster.metadata_leader {
                         "metadata leader"
@@ -670,8 +669,15 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
                     };
                     let live = if broker.live { "yes" } else { "no" };
                     let role = if broker.draining { format!("{role} (draining)") } else { role.to_string() };
-                    println!("{:<8} {:<24} {live:<6} {:>8} {role}", broker.id, broker.address, broker.replicas);
+                    rows.add_row([
+                        broker.id.to_string(),
+                        broker.address.clone(),
+                        live.to_string(),
+                        broker.replicas.to_string(),
+                        role,
+                    ]);
                 }
+                print_table(&rows);
             }
             Ok(())
         }
@@ -755,12 +761,26 @@ async fn drain(id: u64, timeout: std::time::Duration, connection: &Connection) -
     }
     let started = tokio::time::Instant::now();
     let mut last = None;
+    // On a terminal a live line with the replicas left; elsewhere (a log)
+    // a line each time the count changes.
+    let bar = indicatif::ProgressBar::with_draw_target(Some(moved), indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {elapsed} draining broker {msg}: {pos}/{len} replicas moved",
+        )
+        .expect("a valid template"),
+    );
+    bar.set_message(id.to_string());
+    let live = std::io::stderr().is_terminal() && !connection.json;
     loop {
         let cluster = client.describe_cluster().await?;
         let Some(broker) = cluster.brokers.iter().find(|b| b.id == id) else {
             bail!("broker {id} is not registered (was it removed already?)");
         };
-        if last != Some(broker.replicas) && !connection.json {
+        if live {
+            bar.set_length(moved.max(broker.replicas));
+            bar.set_position(moved.saturating_sub(broker.replicas));
+        } else if last != Some(broker.replicas) && !connection.json {
             eprintln!("broker {id}: {} replicas left", broker.replicas);
         }
         last = Some(broker.replicas);
@@ -777,6 +797,7 @@ async fn drain(id: u64, timeout: std::time::Duration, connection: &Connection) -
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
+    bar.finish_and_clear();
     if connection.json {
         print_json(&pb::DrainBrokerResponse { moved });
     } else {
@@ -1123,6 +1144,28 @@ impl Interrupts {
 
 /// A topic table; with `--json`, one topic is its `TopicDescription` and
 /// a list is a `ListTopicsResponse`.
+/// A table for the terminal: columns as wide as their contents, two spaces
+/// apart, no borders (as kubectl and rpk print); `right` names the columns
+/// (numbers) aligned right.
+fn table(header: &[&str], right: &[&str]) -> comfy_table::Table {
+    let mut table = comfy_table::Table::new();
+    table.load_preset(comfy_table::presets::NOTHING).set_header(header.iter().copied());
+    for (column, name) in table.column_iter_mut().zip(header) {
+        column.set_padding((0, 2));
+        if right.contains(name) {
+            column.set_cell_alignment(comfy_table::CellAlignment::Right);
+        }
+    }
+    table
+}
+
+/// Print a table without the spaces that pad its last column.
+fn print_table(table: &comfy_table::Table) {
+    for line in table.lines() {
+        println!("{}", line.trim_end());
+    }
+}
+
 fn print_topics(topics: Vec<pb::TopicDescription>, json: bool, one: bool) {
     if json {
         match (one, topics.first()) {
@@ -1131,9 +1174,9 @@ fn print_topics(topics: Vec<pb::TopicDescription>, json: bool, one: bool) {
         }
         return;
     }
-    println!(
-        "{:<24} {:>9} {:<16} {:<16} {:>7} {:>10} {:>14}  RETENTION",
-        "TOPIC", "PARTITION", "REPLICAS", "VOTERS", "LEADER", "LOG START", "HIGH WATERMARK"
+    let mut rows = table(
+        &["TOPIC", "PARTITION", "REPLICAS", "VOTERS", "LEADER", "LOG START", "HIGH WATERMARK", "RETENTION"],
+        &["PARTITION", "LEADER", "LOG START", "HIGH WATERMARK"],
     );
     for topic in &topics {
         let age =
@@ -1149,18 +1192,19 @@ fn print_topics(topics: Vec<pb::TopicDescription>, json: bool, one: bool) {
             let known = |value: u64| if p.hosted { value.to_string() } else { "?".to_string() };
             let voters = if p.hosted { ids(&p.voters) } else { "?".to_string() };
             let leader = if p.leader == 0 { "-".to_string() } else { p.leader.to_string() };
-            println!(
-                "{:<24} {:>9} {:<16} {:<16} {:>7} {:>10} {:>14}  {retention}",
-                topic.name,
-                p.partition,
+            rows.add_row([
+                topic.name.clone(),
+                p.partition.to_string(),
                 ids(&p.replicas),
                 voters,
                 leader,
                 known(p.log_start),
-                known(p.high_watermark)
-            );
+                known(p.high_watermark),
+                retention.clone(),
+            ]);
         }
     }
+    print_table(&rows);
 }
 
 /// Fill in the partitions the answering broker does not host (their
@@ -1257,6 +1301,9 @@ async fn topic(command: TopicCommand, connection: &Connection) -> anyhow::Result
     Ok(())
 }
 
+/// `keel produce` redraws its progress line every this many records.
+const PRODUCE_PROGRESS_EVERY: u64 = 1000;
+
 async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<()> {
     let client = discovering_client(connection).await?;
     // Lines go round-robin (or by key), gathered into batches per partition
@@ -1275,12 +1322,18 @@ async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<(
     // Acknowledgements are awaited in the order the lines were read.
     let (acks, mut answered) = tokio::sync::mpsc::channel::<keel_client::Ack>(PRODUCE_LINES_QUEUED_MAX);
     let json = connection.json;
+    // A live count on a terminal, for large inputs.
+    let bar = bench::progress("produce");
     let printer = tokio::spawn(async move {
         let (mut count, mut failed, mut first_error) = (0u64, 0u64, None);
         while let Some(ack) = answered.recv().await {
             match ack.wait().await {
                 Ok(delivered) => {
                     count += 1;
+                    if count % PRODUCE_PROGRESS_EVERY == 0 {
+                        bar.set_message(format!("produce: {count} records acknowledged"));
+                        bar.tick();
+                    }
                     if json {
                         println!(
                             "{}",
@@ -1294,6 +1347,7 @@ async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<(
                 }
             }
         }
+        bar.finish_and_clear();
         (count, failed, first_error)
     });
     while let Some(line) = incoming.recv().await {
@@ -1454,16 +1508,16 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
             if connection.json {
                 print_json(&pb::ListGroupsResponse { groups });
             } else {
-                println!("{:<24} {:>10} {:>8} TOPICS", "GROUP", "GENERATION", "MEMBERS");
+                let mut rows = table(&["GROUP", "GENERATION", "MEMBERS", "TOPICS"], &["GENERATION", "MEMBERS"]);
                 for group in groups {
-                    println!(
-                        "{:<24} {:>10} {:>8} {}",
+                    rows.add_row([
                         group.group,
-                        group.generation,
-                        group.members,
-                        group.topics.join(",")
-                    );
+                        group.generation.to_string(),
+                        group.members.to_string(),
+                        group.topics.join(","),
+                    ]);
                 }
+                print_table(&rows);
             }
         }
         GroupCommand::Describe { name } => {
@@ -1521,18 +1575,22 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                     described.generation,
                     described.members.len()
                 );
-                println!(
-                    "{:<24} {:>9} {:<24} {:>10} {:>14} {:>8}",
-                    "TOPIC", "PARTITION", "MEMBER", "POSITION", "HIGH WATERMARK", "LAG"
+                let mut printed = table(
+                    &["TOPIC", "PARTITION", "MEMBER", "POSITION", "HIGH WATERMARK", "LAG"],
+                    &["PARTITION", "POSITION", "HIGH WATERMARK", "LAG"],
                 );
                 for (topic, partition, member, pos) in rows {
                     let lag = pos.high_watermark.saturating_sub(pos.position);
-                    let member = member.unwrap_or_else(|| "-".to_string());
-                    println!(
-                        "{:<24} {:>9} {:<24} {:>10} {:>14} {:>8}",
-                        topic, partition, member, pos.position, pos.high_watermark, lag
-                    );
+                    printed.add_row([
+                        topic,
+                        partition.to_string(),
+                        member.unwrap_or_else(|| "-".to_string()),
+                        pos.position.to_string(),
+                        pos.high_watermark.to_string(),
+                        lag.to_string(),
+                    ]);
                 }
+                print_table(&printed);
             }
         }
         GroupCommand::Delete { name } => {
