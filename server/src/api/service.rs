@@ -362,23 +362,18 @@ impl KeelService {
             replication_factor: request.replication_factor,
             retention,
         };
-        match self.propose_metadata_result(command).await? {
-            Ok(_) => {}
+        if let Err(rejection) = self.propose_metadata_result(command).await? {
             // Brokers register once the metadata group has a leader: a
             // topic created right after the brokers started may find too
             // few. While fewer than the metadata voters are registered, the
             // cluster is still forming: the client retries.
-            Err(MetadataRejection::Placement(PlacementError::NotEnoughBrokers { .. }))
-                if self.node.metadata().brokers().len()
-                    < self.node.group_voters(&GroupId::Metadata).unwrap_or_default().len() =>
-            {
-                let registered = self.node.metadata().brokers().len();
-                let voters = self.node.group_voters(&GroupId::Metadata).unwrap_or_default().len();
-                return Err(Status::unavailable(format!(
+            let too_few = matches!(rejection, MetadataRejection::Placement(PlacementError::NotEnoughBrokers { .. }));
+            return Err(match self.still_forming() {
+                Some((registered, voters)) if too_few => Status::unavailable(format!(
                     "the cluster is still forming ({registered} of its {voters} brokers have registered): retry shortly"
-                )));
-            }
-            Err(rejection) => return Err(metadata_rejection(rejection)),
+                )),
+                _ => metadata_rejection(rejection),
+            });
         }
         let metadata = self.node.metadata();
         let info = metadata.topic(&name).ok_or_else(|| Status::internal("the created topic is missing"))?;
@@ -393,6 +388,14 @@ impl KeelService {
         TopicName::new(topic.as_str()).map_err(invalid_name)?;
         self.propose_metadata(MetadataCommand::DeleteTopic { topic }).await?;
         Ok(Response::new(pb::DeleteTopicResponse {}))
+    }
+
+    /// `(registered brokers, metadata voters)` while fewer brokers have
+    /// registered than the metadata group has voters.
+    fn still_forming(&self) -> Option<(usize, usize)> {
+        let registered = self.node.metadata().brokers().len();
+        let voters = self.node.group_voters(&GroupId::Metadata).unwrap_or_default().len();
+        (registered < voters).then_some((registered, voters))
     }
 
     async fn alter_topic_call(
