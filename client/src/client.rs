@@ -18,9 +18,15 @@ const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
 pub struct RetryPolicy {
     /// Give up after this long.
     pub deadline: Duration,
-    /// First wait between attempts; doubles up to `backoff_max`.
+    /// First wait between attempts; doubles up to `backoff_max`, and each
+    /// wait gets a random jitter of up to itself on top (so clients that
+    /// failed together do not retry together).
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
+    /// Seed of that jitter; `None` draws one. Under simulation `None` means
+    /// 0: no entropy may reach behaviour there, so the harness gives a seed
+    /// from the run's own.
+    pub jitter_seed: Option<u64>,
     /// Per-attempt timeout of a request that does not wait on purpose; a
     /// long poll gets its wait on top (see [`Client::call_waiting`]).
     pub request_timeout: Duration,
@@ -39,9 +45,31 @@ impl Default for RetryPolicy {
             deadline: Duration::from_secs(30),
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(1000),
+            jitter_seed: None,
             request_timeout: Duration::from_secs(10),
             give_up_when_unreachable: false,
         }
+    }
+}
+
+impl RetryPolicy {
+    /// The waits between passes over the brokers: exponential, capped,
+    /// with jitter, without end (the deadline ends the retries).
+    fn delays(&self) -> backon::ExponentialBackoff {
+        use backon::BackoffBuilder;
+        let builder = backon::ExponentialBuilder::new()
+            .with_min_delay(self.backoff_initial)
+            .with_max_delay(self.backoff_max.max(self.backoff_initial))
+            .without_max_times()
+            .with_jitter();
+        #[cfg(madsim)]
+        let builder = builder.with_jitter_seed(self.jitter_seed.unwrap_or(0));
+        #[cfg(not(madsim))]
+        let builder = match self.jitter_seed {
+            Some(seed) => builder.with_jitter_seed(seed),
+            None => builder,
+        };
+        builder.build()
     }
 }
 
@@ -331,7 +359,7 @@ impl Client {
         let attempt_timeout = self.inner.policy.request_timeout + wait;
         let policy = self.inner.policy;
         let started = tokio::time::Instant::now();
-        let mut backoff = policy.backoff_initial;
+        let mut delays = policy.delays();
         let mut queue = self.candidates(&route);
         let mut last = String::from("no attempt made");
         // Addresses of this pass over the candidates that could not be
@@ -348,8 +376,7 @@ impl Client {
                     return Err(ClientError::Unreachable { addresses: unreachable, reason: unreachable_reason });
                 }
                 (unreachable, connected) = (Vec::new(), false);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(policy.backoff_max);
+                tokio::time::sleep(delays.next().unwrap_or(policy.backoff_max)).await;
                 queue = self.candidates(&route);
                 continue;
             };

@@ -116,6 +116,85 @@ pub struct Metrics {
     peer_up: Family<PeerLabels, Gauge>,
     peer_failed_calls: Family<PeerLabels, Counter>,
     raft_calls: Family<PeerLabels, Counter>,
+    process: ProcessMetrics,
+}
+
+/// The standard `process_*` metrics of Prometheus's client libraries, read
+/// from /proc at each scrape (real builds on Linux only: a simulated node
+/// shares its process with every other). Unprefixed, as dashboards expect.
+#[derive(Default)]
+struct ProcessMetrics {
+    cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
+    resident_memory_bytes: Gauge,
+    virtual_memory_bytes: Gauge,
+    open_fds: Gauge,
+    max_fds: Gauge,
+    start_time_seconds: Gauge,
+    threads: Gauge,
+}
+
+impl ProcessMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "process_cpu_seconds",
+            "User and system CPU time spent, in seconds",
+            self.cpu_seconds.clone(),
+        );
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory size, in bytes",
+            self.resident_memory_bytes.clone(),
+        );
+        registry.register(
+            "process_virtual_memory_bytes",
+            "Virtual memory size, in bytes",
+            self.virtual_memory_bytes.clone(),
+        );
+        registry.register("process_open_fds", "Open file descriptors", self.open_fds.clone());
+        registry.register("process_max_fds", "Most file descriptors the process may open", self.max_fds.clone());
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since the Unix epoch, in seconds",
+            self.start_time_seconds.clone(),
+        );
+        registry.register("process_threads", "OS threads of the process", self.threads.clone());
+    }
+
+    /// Read /proc/self; what cannot be read keeps its last value.
+    #[cfg(not(madsim))]
+    fn refresh(&self) {
+        let Ok(me) = procfs::process::Process::myself() else { return };
+        if let Ok(stat) = me.stat() {
+            let ticks = procfs::ticks_per_second().max(1) as f64;
+            let cpu = (stat.utime + stat.stime) as f64 / ticks;
+            // A counter only goes up: add what was spent since the last scrape.
+            let seen = self.cpu_seconds.get();
+            if cpu > seen {
+                self.cpu_seconds.inc_by(cpu - seen);
+            }
+            self.resident_memory_bytes.set(saturating_i64(stat.rss.saturating_mul(procfs::page_size())));
+            self.virtual_memory_bytes.set(saturating_i64(stat.vsize));
+            self.threads.set(stat.num_threads);
+            if let Ok(boot) = procfs::boot_time_secs() {
+                self.start_time_seconds.set(saturating_i64(boot + stat.starttime / procfs::ticks_per_second().max(1)));
+            }
+        }
+        if let Ok(count) = me.fd_count() {
+            self.open_fds.set(count as i64);
+        }
+        if let Ok(limits) = me.limits() {
+            if let procfs::process::LimitValue::Value(max) = limits.max_open_files.soft_limit {
+                self.max_fds.set(saturating_i64(max));
+            }
+        }
+    }
+
+    #[cfg(madsim)]
+    fn refresh(&self) {}
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 impl Default for Metrics {
@@ -126,7 +205,8 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("keel");
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("keel");
         let metrics = Metrics {
             requests: Family::default(),
             latency: HistogramFamily::new_with_constructor(latency_histogram),
@@ -148,6 +228,7 @@ impl Metrics {
             peer_up: Family::default(),
             peer_failed_calls: Family::default(),
             raft_calls: Family::default(),
+            process: ProcessMetrics::default(),
             registry: Registry::default(),
         };
         let build_info = Family::<BuildLabels, Gauge>::default();
@@ -221,7 +302,8 @@ impl Metrics {
             "Raft calls (AppendEntries, votes, snapshot chunks) this broker sent to the peer, answered or not",
             metrics.raft_calls.clone(),
         );
-        Metrics { registry, ..metrics }
+        metrics.process.register(&mut root);
+        Metrics { registry: root, ..metrics }
     }
 
     /// Count one answered request and its latency.
@@ -266,6 +348,7 @@ impl Metrics {
     }
 
     fn refresh(&self, node: &Node) {
+        self.process.refresh();
         for family in [
             &self.raft_leader,
             &self.raft_term,

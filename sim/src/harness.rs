@@ -346,6 +346,7 @@ impl World {
             deadline: Duration::from_secs(8),
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(500),
+            jitter_seed: Some(madsim::rand::random()),
             request_timeout: Duration::from_secs(2),
             give_up_when_unreachable: false,
         };
@@ -1282,6 +1283,7 @@ fn lane_hostile(
             deadline: Duration::from_secs(2),
             backoff_initial: Duration::from_millis(20),
             backoff_max: Duration::from_millis(200),
+            jitter_seed: Some(rng.gen()),
             request_timeout: Duration::from_secs(1),
             give_up_when_unreachable: false,
         };

@@ -215,7 +215,11 @@ pub fn cli(broker: &str, args: &[&str], stdin: &str) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run keel");
-    child.stdin.take().expect("stdin").write_all(stdin.as_bytes()).expect("write stdin");
+    // A command refused at once may exit before it reads its input.
+    match child.stdin.take().expect("stdin").write_all(stdin.as_bytes()) {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => panic!("write stdin: {error}"),
+        _ => {}
+    }
     child.wait_with_output().expect("keel output")
 }
 
@@ -237,4 +241,49 @@ pub fn spawn_cli(broker: &str, args: &[&str]) -> Child {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("run keel")
+}
+
+/// Run `keel ARGS --broker BROKER` with `stdin` piped in and its standard
+/// error on a pseudo-terminal (80 columns), as a user at a terminal sees
+/// it; returns its exit status and every byte written to that terminal.
+pub fn cli_on_terminal(broker: &str, args: &[&str], stdin: &str) -> (std::process::ExitStatus, String) {
+    use rustix::pty::{grantpt, openpt, ptsname, unlockpt, OpenptFlags};
+    use std::io::Read;
+    let master = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY).expect("open a pseudo-terminal");
+    grantpt(&master).expect("grantpt");
+    unlockpt(&master).expect("unlockpt");
+    let name = ptsname(&master, Vec::new()).expect("ptsname");
+    let size = rustix::termios::Winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
+    rustix::termios::tcsetwinsize(&master, size).expect("set the terminal's size");
+    let terminal = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(name.to_str().expect("a UTF-8 terminal name"))
+        .expect("open the terminal");
+    let mut child = Command::new(keel_binary())
+        .args(args)
+        .args(["--broker", broker])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(terminal))
+        .spawn()
+        .expect("run keel");
+    // The terminal's other end is read while the command runs (a full
+    // terminal buffer would block it); it reads EIO once the command,
+    // its only holder, has exited.
+    let mut master = std::fs::File::from(master);
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buffer = [0u8; 4096];
+        while let Ok(read @ 1..) = master.read(&mut buffer) {
+            seen.extend_from_slice(&buffer[..read]);
+        }
+        String::from_utf8_lossy(&seen).into_owned()
+    });
+    match child.stdin.take().expect("stdin").write_all(stdin.as_bytes()) {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => panic!("write stdin: {error}"),
+        _ => {}
+    }
+    let status = child.wait().expect("keel ran");
+    (status, reader.join().expect("the terminal reader"))
 }

@@ -276,6 +276,16 @@ fn metrics_speak_prometheus_text_or_openmetrics_with_canonical_codes_and_build_i
     assert!(keel_tests::sample(&text, r#"keel_requests_total{rpc="ListTopics",code="OK"}"#) >= 1.0);
     assert!(keel_tests::sample(&text, r#"keel_requests_total{rpc="DescribeTopic",code="NOT_FOUND"}"#) >= 1.0);
     assert_eq!(keel_tests::sample(&text, "keel_build_info{version="), 1.0);
+    // The process's own figures, under the standard unprefixed names.
+    // A broker a second old may not have used a clock tick of CPU yet.
+    assert!(keel_tests::sample(&text, "process_cpu_seconds_total") >= 0.0, "{text}");
+    assert!(keel_tests::sample(&text, "process_resident_memory_bytes") > 1e6, "{text}");
+    assert!(keel_tests::sample(&text, "process_open_fds") >= 3.0, "{text}");
+    assert!(keel_tests::sample(&text, "process_max_fds") >= keel_tests::sample(&text, "process_open_fds"));
+    assert!(keel_tests::sample(&text, "process_threads") >= 2.0, "{text}");
+    let started = keel_tests::sample(&text, "process_start_time_seconds");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    assert!(started > now - 600.0 && started <= now + 1.0, "started {started}, now {now}");
 
     let accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
     let (headers, open) = keel_tests::http_get_accepting(&metrics, "/metrics", Some(accept));
@@ -713,4 +723,30 @@ async fn tables_fit_their_contents_however_long_the_names() {
         assert_eq!(row[..end].trim_start_matches(long).trim(), partition.to_string(), "{listed}");
         assert_eq!(row.trim_end(), *row, "no trailing spaces: {row:?}");
     }
+}
+
+/// On a terminal `keel produce` draws a live count on standard error and
+/// clears it at the end; into a pipe it writes no progress at all.
+#[tokio::test]
+async fn progress_lines_show_on_a_terminal_and_not_in_a_pipe() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "lots", "--partitions", "2"], "");
+    let input: String = (0..5_000).map(|i| format!("record-{i}\n")).collect();
+
+    let (status, terminal) = keel_tests::cli_on_terminal(&address, &["produce", "lots"], &input);
+    assert!(status.success(), "{terminal}");
+    assert!(terminal.contains("records acknowledged"), "no progress line on the terminal: {terminal:?}");
+    // indicatif redraws in place and clears the line when done.
+    assert!(terminal.contains("\u{1b}["), "no terminal control sequences: {terminal:?}");
+    assert!(terminal.contains("produced 5000 records"), "{terminal:?}");
+
+    let piped = keel_tests::cli(&address, &["produce", "lots"], &input);
+    assert!(piped.status.success());
+    let stderr = String::from_utf8_lossy(&piped.stderr);
+    assert!(!stderr.contains("acknowledged") && !stderr.contains('\u{1b}'), "progress in a pipe: {stderr:?}");
+    let described: serde_json::Value =
+        serde_json::from_str(&cli_ok(&address, &["topic", "describe", "lots", "--json"], "")).unwrap();
+    let total: u64 =
+        described["partitions"].as_array().unwrap().iter().map(|p| keel_tests::number(&p["high_watermark"])).sum();
+    assert_eq!(total, 10_000, "{described}");
 }

@@ -164,7 +164,18 @@ fn the_three_broker_walkthrough_runs_as_written() {
     let dir = tempfile::TempDir::new().unwrap();
     let mut shell = Shell::start(dir.path());
     shell.run_block(&sh_block_after("KEEL_CLUSTER_SECRET`)."));
-    shell.run_block(&sh_block_after("Add a fourth broker"));
+    let outputs = shell.run_block(&sh_block_after("Add a fourth broker"));
+    // `--wait` returned once the move was done: the next describe, asked of
+    // the new broker, already shows partition 0's voters as 2,3,4.
+    let moved = output_of(&outputs, "keel topic move orders");
+    assert!(moved.contains("orders/0 moved: its voters are 2,3,4"), "{moved}");
+    let described = output_of(&outputs, "keel topic describe orders --broker 127.0.0.1:7074");
+    let row = described
+        .lines()
+        .find(|l| l.split_whitespace().take(2).eq(["orders", "0"]))
+        .unwrap_or_else(|| panic!("{described}"));
+    // Its replicas and its voters.
+    assert_eq!(row.matches("2,3,4").count(), 2, "partition 0 right after the move: {row}\n{described}");
     // Every record of both produces is there; broker 1 is gone and holds
     // nothing; the cluster goes on with brokers 2, 3 and 4.
     let b4 = "127.0.0.1:7074";

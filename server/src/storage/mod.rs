@@ -21,6 +21,7 @@ pub mod crash_disk;
 mod ledger;
 mod log_store;
 mod records;
+pub mod segments;
 pub mod snapshot_file;
 mod state_machine;
 mod store;

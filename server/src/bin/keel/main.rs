@@ -13,7 +13,7 @@ use keel_client::{pb, BatchingConfig, BatchingProducer, Client, Consumer, RetryP
 use keel_server::clock::Clock;
 use keel_server::node::{Node, NodeConfig};
 use keel_server::storage::NodeStore;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 mod bench;
 mod format;
@@ -73,7 +73,10 @@ enum Command {
     Man,
 }
 
-#[derive(Args, Default, Deserialize)]
+/// `keel serve`'s flags, and the same settings in its TOML file (the
+/// `--config` file is parsed into this too). A setting not given is `None`
+/// and not serialized, so it does not hide a lower layer (see [`settle`]).
+#[derive(Args, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct ServeArgs {
     /// A TOML file with any of these settings (flags and KEEL_* variables win).
@@ -82,21 +85,26 @@ struct ServeArgs {
     config: Option<PathBuf>,
     /// This broker's id [default: 1].
     #[arg(long, env = "KEEL_ID")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<u64>,
     /// Address the client API listens on [default: 127.0.0.1:7070].
     #[arg(long, env = "KEEL_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     listen: Option<SocketAddr>,
     /// Address clients use to reach this broker [default: the listen
     /// address].
     #[arg(long, env = "KEEL_ADVERTISE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     advertise: Option<String>,
     /// Address the internal listener (Raft and joins, for other brokers
     /// only) listens on [default: the listen address's port + 100].
     #[arg(long, env = "KEEL_INTERNAL_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     internal_listen: Option<SocketAddr>,
     /// Address other brokers use to reach this one [default: the advertised
     /// address's port + 100, or the internal listen address].
     #[arg(long, env = "KEEL_INTERNAL_ADVERTISE")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     internal_advertise: Option<String>,
     /// The secret every broker of the cluster shares (broker-to-broker
     /// requests carry it). A new one-broker cluster creates one in
@@ -104,21 +112,26 @@ struct ServeArgs {
     /// broker that joins, must be given it. Once given, it is kept in
     /// DATA_DIR/cluster-secret.
     #[arg(long, env = "KEEL_CLUSTER_SECRET", hide_env_values = true)]
+    #[serde(skip_serializing_if = "Option::is_none")]
     cluster_secret: Option<String>,
     /// Data directory [default: ./keel-data].
     #[arg(long, env = "KEEL_DATA_DIR")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     data_dir: Option<PathBuf>,
     /// The brokers of a new cluster, this one included, by their internal
     /// addresses: ID=HOST:PORT,...
     #[arg(long, env = "KEEL_PEERS", value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
     peers: Option<Vec<String>>,
     /// Join a running cluster through any of these brokers (their client
     /// addresses, host:port,...) instead of forming a new one. Give the same
     /// on every restart, with the cluster's secret.
     #[arg(long, env = "KEEL_JOIN", value_delimiter = ',', conflicts_with = "peers")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     join: Option<Vec<String>>,
     /// Serve Prometheus metrics at http://ADDRESS/metrics (off by default).
     #[arg(long, env = "KEEL_METRICS_LISTEN")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     metrics_listen: Option<SocketAddr>,
     /// How often each partition leader checks whether records are due to go
     /// under its topic's retention (e.g. 30s, 5m) [default: 30s].
@@ -312,6 +325,11 @@ enum TopicCommand {
         /// The new replicas, by broker id: ID,ID,...
         #[arg(long, value_delimiter = ',', required = true)]
         replicas: Vec<u64>,
+        /// Wait until every new replica's Raft voters are exactly the new
+        /// replicas, showing progress; give up after this long (10m if
+        /// given without a value). The move goes on either way.
+        #[arg(long, num_args = 0..=1, default_missing_value = "10m", value_parser = humantime::parse_duration)]
+        wait: Option<std::time::Duration>,
     },
 }
 
@@ -806,6 +824,90 @@ async fn drain(id: u64, timeout: std::time::Duration, connection: &Connection) -
     Ok(())
 }
 
+/// `keel topic move --wait`: ask each new replica how it sees the
+/// partition until each hosts it with exactly the new replicas as voters.
+async fn wait_for_move(
+    client: &Client,
+    connection: &Connection,
+    topic: &str,
+    moved: &pb::PartitionDescription,
+    timeout: std::time::Duration,
+) -> anyhow::Result<()> {
+    let partition = moved.partition;
+    let mut target = moved.replicas.clone();
+    target.sort_unstable();
+    let started = tokio::time::Instant::now();
+    let bar =
+        indicatif::ProgressBar::with_draw_target(Some(target.len() as u64), indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{spinner}} {{elapsed}} moving {topic}/{partition} to {}: {{pos}}/{{len}} replicas in place; {{msg}}",
+            ids(&target)
+        ))
+        .expect("a valid template"),
+    );
+    let live = std::io::stderr().is_terminal() && !connection.json;
+    let mut last = None;
+    loop {
+        let cluster = client.describe_cluster().await?;
+        let mut in_place = 0;
+        let mut seen = Vec::new();
+        for replica in &target {
+            let view = match cluster.brokers.iter().find(|b| b.id == *replica) {
+                Some(broker) => match Client::new(vec![broker.address.clone()], connection.policy()) {
+                    Ok(replica_client) => replica_client.describe_topic(topic).await.ok(),
+                    Err(_) => None,
+                },
+                None => None,
+            };
+            let voters =
+                view.and_then(|t| t.partitions.into_iter().find(|p| p.partition == partition && p.hosted)).map(|p| {
+                    let mut voters = p.voters;
+                    voters.sort_unstable();
+                    voters
+                });
+            in_place += u64::from(voters.as_ref() == Some(&target));
+            seen.push(format!(
+                "{replica}: {}",
+                voters.map_or("not yet".to_string(), |v| format!("voters {}", ids(&v)))
+            ));
+        }
+        let seen = seen.join("; ");
+        if live {
+            bar.set_position(in_place);
+            bar.set_message(seen.clone());
+        } else if last.as_ref() != Some(&seen) && !connection.json {
+            eprintln!("{topic}/{partition}: {seen}");
+        }
+        last = Some(seen);
+        if in_place == target.len() as u64 {
+            break;
+        }
+        if started.elapsed() > timeout {
+            bar.abandon();
+            bail!(
+                "{topic}/{partition} has not moved to {} after {}: check that those brokers run and are reachable; \
+                 the move goes on, `keel topic describe {topic}` shows its voters",
+                ids(&target),
+                humantime::format_duration(timeout)
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    bar.finish_and_clear();
+    if connection.json {
+        let mut placed = moved.clone();
+        placed.voters = target;
+        print_json(&pb::MovePartitionResponse { partition: Some(placed) });
+    }
+    Ok(())
+}
+
+/// Broker ids as `1,2,3`.
+fn ids(ids: &[u64]) -> String {
+    ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
 /// A client that also knows every registered broker, for long-running
 /// commands that must outlive the loss of the broker they started with.
 async fn discovering_client(connection: &Connection) -> anyhow::Result<Client> {
@@ -892,8 +994,44 @@ fn check_free(what: &str, address: SocketAddr, flag: &str) -> anyhow::Result<()>
     }
 }
 
-/// Flags and KEEL_* variables over the config file over the defaults.
-fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
+/// `keel serve`'s settings once layered. Its `Default` holds the
+/// defaults `keel serve --help` names.
+#[derive(Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct Settings {
+    id: u64,
+    listen: SocketAddr,
+    advertise: Option<String>,
+    internal_listen: Option<SocketAddr>,
+    internal_advertise: Option<String>,
+    cluster_secret: Option<String>,
+    data_dir: PathBuf,
+    peers: Vec<String>,
+    join: Vec<String>,
+    metrics_listen: Option<SocketAddr>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            id: 1,
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            advertise: None,
+            internal_listen: None,
+            internal_advertise: None,
+            cluster_secret: None,
+            data_dir: PathBuf::from("keel-data"),
+            peers: Vec::new(),
+            join: Vec::new(),
+            metrics_listen: None,
+        }
+    }
+}
+
+/// Flags and KEEL_* variables (clap reads both) over the config file over
+/// the defaults, merged by figment.
+fn layered(args: &ServeArgs) -> anyhow::Result<Settings> {
+    use figment::providers::Serialized;
     let file: ServeArgs = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -901,20 +1039,36 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
         }
         None => ServeArgs::default(),
     };
-    let id = args.id.or(file.id).unwrap_or(1);
-    let listen = args.listen.or(file.listen).unwrap_or_else(|| "127.0.0.1:7070".parse().expect("default address"));
-    let advertise = args.advertise.or(file.advertise).unwrap_or_else(|| listen.to_string());
-    let data_dir = args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("keel-data"));
-    let metrics_listen = args.metrics_listen.or(file.metrics_listen);
-    let cluster_secret = args.cluster_secret.or(file.cluster_secret);
+    figment::Figment::from(Serialized::defaults(Settings::default()))
+        .merge(Serialized::defaults(file))
+        .merge(Serialized::defaults(args))
+        .extract()
+        .context("settling keel serve's settings")
+}
+
+/// Where and how this broker starts, from its layered settings.
+fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
+    let Settings {
+        id,
+        listen,
+        advertise,
+        internal_listen,
+        internal_advertise,
+        cluster_secret,
+        data_dir,
+        peers,
+        join,
+        metrics_listen,
+    } = layered(&args)?;
+    let advertise = advertise.unwrap_or_else(|| listen.to_string());
     let internal = |config: &mut NodeConfig| -> anyhow::Result<()> {
-        if let Some(listen) = args.internal_listen.or(file.internal_listen) {
+        if let Some(listen) = internal_listen {
             config.internal_listen = listen;
             // Peers reach it at the advertised host, on the internal port.
             let host = config.advertised.rsplit_once(':').map_or(config.advertised.as_str(), |(host, _)| host);
             config.internal_advertised = format!("{host}:{}", listen.port());
         }
-        if let Some(advertise) = args.internal_advertise.clone().or(file.internal_advertise.clone()) {
+        if let Some(advertise) = internal_advertise.clone() {
             config.internal_advertised = advertise;
         }
         if config.internal_listen.port() == 0 {
@@ -922,8 +1076,7 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
         }
         Ok(())
     };
-    let join = args.join.or(file.join).filter(|j| !j.is_empty());
-    if let Some(join) = join {
+    if !join.is_empty() {
         // The cluster id comes from the cluster once the broker reaches it.
         let mut config = NodeConfig::new(id, listen, advertise, BTreeMap::new());
         internal(&mut config)?;
@@ -933,7 +1086,7 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
     internal(&mut config)?;
     let internal_advertise = config.internal_advertised.clone();
     let mut voters = BTreeMap::new();
-    for peer in args.peers.or(file.peers).unwrap_or_default() {
+    for peer in peers {
         let (peer_id, address) = peer.split_once('=').with_context(|| format!("peer {peer:?} is not ID=HOST:PORT"))?;
         voters.insert(
             peer_id.parse::<u64>().with_context(|| format!("peer id {peer_id:?} is not a number"))?,
@@ -949,6 +1102,49 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
     config.cluster_id = keel_server::node::cluster_id_of(&voters);
     config.metadata_voters = voters;
     Ok(Settled { config, data_dir, join: None, metrics_listen, cluster_secret })
+}
+
+/// How often a joining broker that does not write to a terminal says it
+/// is still catching up.
+const JOIN_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Join the cluster through `through`, showing how far this broker's copy
+/// of the metadata has caught up: a live line on a terminal, otherwise a
+/// line every [`JOIN_PROGRESS_EVERY`].
+async fn join_showing_progress(node: &Node, through: String) -> Result<(), keel_server::raft::network::JoinRefusal> {
+    let live = std::io::stderr().is_terminal();
+    eprintln!("joining the cluster through {through}: waiting until this broker has caught up and votes");
+    let bar = indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {elapsed} joining: metadata applied up to index {msg}")
+            .expect("a valid template"),
+    );
+    let applied = || {
+        node.raft(&keel_server::group::GroupId::Metadata)
+            .and_then(|raft| raft.metrics().borrow().last_applied.map(|log_id| log_id.index))
+            .unwrap_or(0)
+    };
+    let joined = node.join_cluster(through);
+    tokio::pin!(joined);
+    let mut ticks =
+        tokio::time::interval(if live { std::time::Duration::from_millis(200) } else { JOIN_PROGRESS_EVERY });
+    ticks.tick().await;
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            outcome = &mut joined => break outcome,
+            _ = ticks.tick() => {
+                if live {
+                    bar.set_message(applied().to_string());
+                    bar.tick();
+                } else {
+                    eprintln!("still joining: metadata applied up to index {}", applied());
+                }
+            }
+        }
+    };
+    bar.finish_and_clear();
+    outcome
 }
 
 /// How long a broker goes on after it sees that it was removed from the
@@ -998,7 +1194,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(through) = joining {
         // Returns once this broker has caught up and votes.
-        if let Err(error) = node.join_cluster(through).await {
+        if let Err(error) = join_showing_progress(&node, through).await {
             node.shutdown().await;
             bail!("could not join the cluster: {error}");
         }
@@ -1187,7 +1383,6 @@ fn print_topics(topics: Vec<pb::TopicDescription>, json: bool, one: bool) {
             (age, size) => [age, size].into_iter().flatten().collect::<Vec<_>>().join(", "),
         };
         for p in &topic.partitions {
-            let ids = |ids: &[u64]| ids.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
             // What no replica could tell is unknown, not 0.
             let known = |value: u64| if p.hosted { value.to_string() } else { "?".to_string() };
             let voters = if p.hosted { ids(&p.voters) } else { "?".to_string() };
@@ -1270,9 +1465,15 @@ async fn topic(command: TopicCommand, connection: &Connection) -> anyhow::Result
             from_replicas(&client, connection, &mut topics).await;
             print_topics(topics, connection.json, true)
         }
-        TopicCommand::Move { name, partition, replicas } => {
-            let moved = connection.client()?.move_partition(&name, partition, replicas).await?;
-            if connection.json {
+        TopicCommand::Move { name, partition, replicas, wait } => {
+            let client = discovering_client(connection).await?;
+            let moved = client.move_partition(&name, partition, replicas).await?;
+            if let Some(timeout) = wait {
+                wait_for_move(&client, connection, &name, &moved, timeout).await?;
+                if !connection.json {
+                    println!("partition {name}/{} moved: its voters are {}", moved.partition, ids(&moved.replicas));
+                }
+            } else if connection.json {
                 print_json(&pb::MovePartitionResponse { partition: Some(moved) });
             } else {
                 println!(
@@ -1754,5 +1955,46 @@ mod tests {
         let mut missing = Vec::new();
         walk(&command, "keel", &mut missing);
         assert!(missing.is_empty(), "without a description: {missing:?}");
+    }
+
+    /// A flag (or KEEL_* variable, which clap folds into it) beats the
+    /// file, the file beats the defaults, and a setting given nowhere keeps
+    /// its default.
+    #[test]
+    fn serve_settings_layer_flags_over_the_file_over_the_defaults() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keel.toml");
+        std::fs::write(&file, "id = 7\ndata-dir = \"/from/file\"\npeers = [\"7=127.0.0.1:7170\"]\n").unwrap();
+        let config = file.display().to_string();
+        let parse = |flags: &[&str]| {
+            let mut argv = vec!["keel", "serve", "--config", &config];
+            argv.extend_from_slice(flags);
+            let super::Command::Serve(args) = super::Cli::try_parse_from(argv).unwrap().command else {
+                panic!("not serve")
+            };
+            super::layered(&args).unwrap()
+        };
+        let settings = parse(&[]);
+        assert_eq!(settings.id, 7);
+        assert_eq!(settings.data_dir, std::path::PathBuf::from("/from/file"));
+        assert_eq!(settings.peers, vec!["7=127.0.0.1:7170".to_string()]);
+        assert_eq!(settings.listen.to_string(), "127.0.0.1:7070");
+        assert!(settings.join.is_empty() && settings.metrics_listen.is_none());
+
+        let settings = parse(&["--id", "9", "--listen", "127.0.0.1:9090", "--metrics-listen", "127.0.0.1:9464"]);
+        assert_eq!(settings.id, 9);
+        assert_eq!(settings.listen.to_string(), "127.0.0.1:9090");
+        assert_eq!(settings.metrics_listen.map(|a| a.to_string()).as_deref(), Some("127.0.0.1:9464"));
+        assert_eq!(settings.data_dir, std::path::PathBuf::from("/from/file"));
+
+        std::fs::write(&file, "id = \"seven\"\n").unwrap();
+        let Ok(super::Command::Serve(args)) =
+            super::Cli::try_parse_from(["keel", "serve", "--config", &config]).map(|c| c.command)
+        else {
+            panic!("not serve")
+        };
+        let error = format!("{:#}", super::layered(&args).err().expect("a bad id is refused"));
+        assert!(error.contains("keel.toml") && error.contains("id"), "{error}");
     }
 }
