@@ -13,7 +13,12 @@
 //! printed last. The files go in `KEEL_BENCH_DIR` (default: `target/`, on
 //! the same disk as a broker's data would be).
 //!
-//! Run with `cargo bench -p keel-server --bench segments [-- SECONDS ROUNDS]`.
+//! Run with `cargo bench -p keel-server --bench segments [-- SECONDS ROUNDS]`
+//! (`cargo test --all-targets` runs it as a quick smoke run).
+
+// Only `full_run` is used here.
+#[allow(dead_code)]
+mod common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -92,8 +97,9 @@ fn median(mut values: Vec<f64>) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let seconds: f64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(3.0);
-    let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3);
+    let (seconds, rounds) = if common::full_run() { (3.0, 3) } else { (0.05, 1) };
+    let seconds: f64 = args.first().and_then(|a| a.parse().ok()).unwrap_or(seconds);
+    let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(rounds);
     let base = std::env::var("KEEL_BENCH_DIR").unwrap_or_else(|_| "target".to_string());
     std::fs::create_dir_all(&base).expect("bench directory");
     println!("{seconds} s per case, {rounds} rounds, 1 KiB entries, in {base}");

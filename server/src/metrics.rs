@@ -193,6 +193,7 @@ impl ProcessMetrics {
     fn refresh(&self) {}
 }
 
+#[cfg(not(madsim))]
 fn saturating_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }

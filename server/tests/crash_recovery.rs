@@ -14,12 +14,15 @@ use keel_core::partition::PartitionCommand;
 use keel_core::record::Record;
 use keel_core::{Limits, Offset, TimestampMs};
 use keel_server::raft::types::{Command, LogId, Request, TypeConfig, Vote};
-use keel_server::storage::crash_disk::CrashDisk;
+use keel_server::storage::crash_disk::NodeDisk;
 use keel_server::storage::{GroupStateMachine, LogStore, NodeStore};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 
 const GROUP: &str = "p/t/0";
+/// Small segments: runs roll them, and checkpoints remove them, under
+/// power loss too.
+const SEGMENT_BYTES: u64 = 4 * 1024;
 
 /// splitmix64: the test's only source of choices, from the seed.
 struct Choices(u64);
@@ -74,8 +77,8 @@ struct Opened {
     state_machine: GroupStateMachine,
 }
 
-fn open(disk: &CrashDisk) -> Opened {
-    let store = NodeStore::open_with_backend(disk.clone()).expect("the store reopens after a crash");
+fn open(disk: &NodeDisk) -> Opened {
+    let store = NodeStore::open_on_disk(disk, SEGMENT_BYTES).expect("the store reopens after a crash");
     let log = LogStore::new(store.clone(), GROUP.to_string());
     let state_machine = GroupStateMachine::open(
         store.clone(),
@@ -137,7 +140,7 @@ async fn check(opened: &mut Opened, acknowledged: &Acknowledged, seed: u64) -> u
 
 async fn run(seed: u64) {
     let mut choices = Choices(seed);
-    let mut disk = CrashDisk::new();
+    let mut disk = NodeDisk::new();
     let mut acknowledged = Acknowledged::default();
     let mut opened = open(&disk);
     let mut next_index = 1u64;
@@ -230,7 +233,7 @@ fn a_disk_that_forgets_fsyncs_is_caught() {
     for seed in 0..40 {
         let result = std::panic::catch_unwind(|| {
             runtime.block_on(async {
-                let disk = CrashDisk::new_lying();
+                let disk = NodeDisk::new_lying();
                 let mut opened = open(&disk);
                 let entries: Vec<_> = (1..=3).map(entry).collect();
                 opened.log.blocking_append(entries).await.unwrap();

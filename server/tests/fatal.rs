@@ -10,7 +10,7 @@ use keel_server::clock::Clock;
 use keel_server::group::GroupId;
 use keel_server::node::{Node, NodeConfig};
 use keel_server::raft::types::Command;
-use keel_server::storage::crash_disk::CrashDisk;
+use keel_server::storage::crash_disk::NodeDisk;
 use keel_server::storage::NodeStore;
 
 /// The node's fatal error, if it reports one within 4 s.
@@ -44,11 +44,11 @@ fn free_port() -> u16 {
 }
 
 /// A one-broker node on a simulated disk, once it takes writes.
-async fn started(disk: &CrashDisk) -> Node {
+async fn started(disk: &NodeDisk) -> Node {
     let address = format!("127.0.0.1:{}", free_port());
     let internal = keel_server::node::default_internal_address(&address).unwrap();
     let voters: BTreeMap<u64, String> = [(1, internal)].into_iter().collect();
-    let store = NodeStore::open_with_backend(disk.clone()).unwrap();
+    let store = NodeStore::open_on_disk(disk, 64 * 1024).unwrap();
     let node = Node::start(NodeConfig::new(1, address.parse().unwrap(), address, voters), store, Clock::system())
         .await
         .unwrap();
@@ -64,7 +64,7 @@ async fn started(disk: &CrashDisk) -> Node {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_disk_makes_the_node_report_a_fatal_error() {
-    let disk = CrashDisk::new();
+    let disk = NodeDisk::new();
     let node = started(&disk).await;
 
     disk.freeze();
@@ -80,7 +80,7 @@ async fn a_failed_disk_makes_the_node_report_a_fatal_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raft_group_whose_core_panicked_is_fatal() {
-    let node = started(&CrashDisk::new()).await;
+    let node = started(&NodeDisk::new()).await;
     // The vote the transport now refuses as insane (a term openraft's engine
     // cannot take), handed to openraft directly: its core panics.
     let raft = node.raft(&GroupId::Metadata).unwrap();

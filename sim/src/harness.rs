@@ -30,7 +30,7 @@ use keel_core::{PartitionIndex, TopicName, TopicPartition};
 use keel_server::clock::{Clock, Skew};
 use keel_server::group::GroupId;
 use keel_server::node::{Node, NodeConfig};
-use keel_server::storage::crash_disk::CrashDisk;
+use keel_server::storage::crash_disk::NodeDisk;
 use keel_server::storage::{NodeStore, PersistedMark};
 use madsim::net::NetSim;
 use madsim::rand::Rng;
@@ -290,7 +290,7 @@ fn broker_address(id: u64) -> SocketAddr {
 struct SimBroker {
     id: u64,
     host: HostId,
-    disk: Arc<Mutex<CrashDisk>>,
+    disk: Arc<Mutex<NodeDisk>>,
     node: Arc<Mutex<Option<Node>>>,
     /// The store of the running incarnation (its persisted marks).
     store: Arc<Mutex<Option<Arc<NodeStore>>>>,
@@ -371,7 +371,7 @@ fn start_broker(
     let voters: BTreeMap<u64, String> = (1..=scenario.brokers)
         .map(|b| (b, keel_server::node::default_internal_address(&broker_address(b).to_string()).expect("port")))
         .collect();
-    let disk = if lying { CrashDisk::new_lying() } else { CrashDisk::new() };
+    let disk = if lying { NodeDisk::new_lying() } else { NodeDisk::new() };
     let slot = BrokerSlot {
         disk: Arc::new(Mutex::new(disk)),
         node: Arc::new(Mutex::new(None)),
@@ -396,7 +396,7 @@ fn start_broker(
                 }
                 slot.incarnation.fetch_add(1, Ordering::SeqCst);
                 let disk = slot.disk.lock().expect("disk").clone();
-                let opened = std::panic::catch_unwind(AssertUnwindSafe(|| NodeStore::open_with_backend(disk)));
+                let opened = std::panic::catch_unwind(AssertUnwindSafe(|| open_store(&disk)));
                 let store = match opened {
                     Ok(Ok(store)) => store,
                     failed => {
@@ -407,9 +407,9 @@ fn start_broker(
                         let at = start.elapsed().as_millis() as u64;
                         recorder.record(at, &format!("broker-{id}"), EventKind::DiskLost { broker: id, reason });
                         // Carry on with an empty disk, as an operator would.
-                        let fresh = if lying { CrashDisk::new_lying() } else { CrashDisk::new() };
+                        let fresh = if lying { NodeDisk::new_lying() } else { NodeDisk::new() };
                         *slot.disk.lock().expect("disk") = fresh.clone();
-                        NodeStore::open_with_backend(fresh).expect("an empty disk opens")
+                        open_store(&fresh).expect("an empty disk opens")
                     }
                 };
                 *slot.store.lock().expect("store slot") = Some(store.clone());
@@ -494,7 +494,7 @@ async fn join_until_member(node: Node, id: u64, through: Vec<String>, recorder: 
 /// its restarts.
 #[derive(Clone)]
 struct BrokerSlot {
-    disk: Arc<Mutex<CrashDisk>>,
+    disk: Arc<Mutex<NodeDisk>>,
     node: Arc<Mutex<Option<Node>>>,
     store: Arc<Mutex<Option<Arc<NodeStore>>>>,
     clock: Clock,
@@ -1005,6 +1005,15 @@ fn fault_duration(world: &World, rng: &mut impl Rng) -> Duration {
     Duration::from_millis(rng.gen_range(low..=high))
 }
 
+/// Segments of a simulated broker's log: small, so that runs roll them
+/// and remove them.
+const SIM_SEGMENT_BYTES: u64 = 256 * 1024;
+
+/// Open a broker's store on its simulated disk.
+fn open_store(disk: &NodeDisk) -> Result<Arc<NodeStore>, keel_server::storage::StoreError> {
+    NodeStore::open_on_disk(disk, SIM_SEGMENT_BYTES)
+}
+
 /// Power cut: freeze the disk (madsim's kill runs destructors, which would
 /// close redb cleanly), keep what the disk kept, kill the host. Then check
 /// the kept image against what the broker reported persisted (G1 at the cut).
@@ -1034,11 +1043,11 @@ fn power_cut(world: &World, broker: &SimBroker, seed: u64) {
 
 /// The groups whose entry the broker reported persisted is not in its
 /// durable image (neither at its index nor purged behind a snapshot).
-fn persisted_but_lost(image: CrashDisk, marks: &BTreeMap<String, PersistedMark>) -> Vec<String> {
+fn persisted_but_lost(image: NodeDisk, marks: &BTreeMap<String, PersistedMark>) -> Vec<String> {
     if marks.is_empty() {
         return Vec::new();
     }
-    let opened = std::panic::catch_unwind(AssertUnwindSafe(|| NodeStore::open_with_backend(image)));
+    let opened = std::panic::catch_unwind(AssertUnwindSafe(|| open_store(&image)));
     let store = match opened {
         Ok(Ok(store)) => store,
         // DiskLost reports it when the broker restarts.

@@ -19,7 +19,7 @@ use keel_server::clock::Clock;
 use keel_server::group::GroupId;
 use keel_server::node::{Node, NodeConfig, ProposeError};
 use keel_server::raft::types::{Command, Response};
-use keel_server::storage::crash_disk::CrashDisk;
+use keel_server::storage::crash_disk::NodeDisk;
 use keel_server::storage::NodeStore;
 use madsim::runtime::{Handle, Runtime};
 
@@ -27,7 +27,7 @@ use madsim::runtime::{Handle, Runtime};
 /// published for the test driver.
 #[derive(Clone)]
 struct Broker {
-    disk: Arc<Mutex<CrashDisk>>,
+    disk: Arc<Mutex<NodeDisk>>,
     node: Arc<Mutex<Option<Node>>>,
 }
 
@@ -80,7 +80,7 @@ async fn scenario() -> u64 {
     let mut brokers = Vec::new();
     let mut node_ids = Vec::new();
     for id in 1..=3u64 {
-        let broker = Broker { disk: Arc::new(Mutex::new(CrashDisk::new())), node: Arc::new(Mutex::new(None)) };
+        let broker = Broker { disk: Arc::new(Mutex::new(NodeDisk::new())), node: Arc::new(Mutex::new(None)) };
         let (init_broker, voters) = (broker.clone(), voters.clone());
         let node = handle
             .create_node()
@@ -90,7 +90,7 @@ async fn scenario() -> u64 {
                 let (broker, voters) = (init_broker.clone(), voters.clone());
                 async move {
                     let disk = broker.disk.lock().unwrap().clone();
-                    let store = NodeStore::open_with_backend(disk).expect("store opens");
+                    let store = NodeStore::open_on_disk(&disk, 256 * 1024).expect("store opens");
                     let config = NodeConfig::new(id, address(id), address(id).to_string(), voters);
                     let node = Node::start(config, store, Clock::system()).await.expect("node starts");
                     *broker.node.lock().unwrap() = Some(node);

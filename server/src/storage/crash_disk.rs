@@ -623,3 +623,123 @@ mod tests {
         assert!(format!("{disk:?}").len() < 300);
     }
 }
+
+/// The segment log's files on crash disks: one [`CrashDisk`] per segment.
+/// Creating and removing a segment is durable at once (the real directory
+/// syncs itself after both). Cloning shares the files.
+#[derive(Debug, Clone, Default)]
+pub struct CrashDir {
+    files: Arc<Mutex<std::collections::BTreeMap<u64, CrashDisk>>>,
+    /// The planted bug of [`CrashDisk::new_lying`], for every segment.
+    lying: bool,
+}
+
+impl CrashDir {
+    /// An empty, honest directory.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty directory whose segments lie about `sync_data`.
+    pub fn new_lying() -> Self {
+        CrashDir { lying: true, ..Self::default() }
+    }
+
+    fn files(&self) -> MutexGuard<'_, std::collections::BTreeMap<u64, CrashDisk>> {
+        self.files.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Power loss for every segment (see [`CrashDisk::crash`]); segment `id`
+    /// draws from `seed ^ id`.
+    pub fn crash(&self, seed: u64) -> CrashDir {
+        let files = self.files().iter().map(|(id, disk)| (*id, disk.crash(seed ^ id))).collect();
+        CrashDir { files: Arc::new(Mutex::new(files)), lying: self.lying }
+    }
+
+    /// Cut the power of every segment.
+    pub fn freeze(&self) {
+        self.files().values().for_each(CrashDisk::freeze);
+    }
+
+    /// Whether any segment has lost power.
+    pub fn is_frozen(&self) -> bool {
+        self.files().values().any(CrashDisk::is_frozen)
+    }
+
+    /// Arm a power-loss point on every existing segment.
+    pub fn fail_after_writes(&self, n: u64) {
+        self.files().values().for_each(|disk| disk.fail_after_writes(n));
+    }
+}
+
+impl super::segments::SegmentDisk for CrashDir {
+    fn create(&self, id: u64, len: u64) -> io::Result<Arc<dyn StorageBackend>> {
+        let disk = CrashDisk::new();
+        disk.set_len(len)?;
+        disk.sync_data()?;
+        disk.set_lie_about_sync(self.lying);
+        self.files().insert(id, disk.clone());
+        Ok(Arc::new(disk))
+    }
+
+    fn open(&self, id: u64) -> io::Result<Arc<dyn StorageBackend>> {
+        let disk = self.files().get(&id).cloned().ok_or(io::ErrorKind::NotFound)?;
+        if disk.is_frozen() {
+            return Err(CrashDiskError::Frozen.into());
+        }
+        Ok(Arc::new(disk))
+    }
+
+    fn remove(&self, id: u64) -> io::Result<()> {
+        let mut files = self.files();
+        if files.get(&id).is_some_and(CrashDisk::is_frozen) {
+            return Err(CrashDiskError::Frozen.into());
+        }
+        files.remove(&id);
+        Ok(())
+    }
+
+    fn list(&self) -> io::Result<Vec<u64>> {
+        Ok(self.files().keys().copied().collect())
+    }
+}
+
+/// A broker's whole simulated disk: its redb database and its segment
+/// log, losing power together.
+#[derive(Debug, Clone, Default)]
+pub struct NodeDisk {
+    pub database: CrashDisk,
+    pub segments: CrashDir,
+}
+
+impl NodeDisk {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Both parts lie about `sync_data` (the planted bug).
+    pub fn new_lying() -> Self {
+        NodeDisk { database: CrashDisk::new_lying(), segments: CrashDir::new_lying() }
+    }
+
+    /// Power loss for both parts (see [`CrashDisk::crash`]).
+    pub fn crash(&self, seed: u64) -> NodeDisk {
+        NodeDisk { database: self.database.crash(seed), segments: self.segments.crash(seed.rotate_left(17)) }
+    }
+
+    pub fn freeze(&self) {
+        self.database.freeze();
+        self.segments.freeze();
+    }
+
+    pub fn is_frozen(&self) -> bool {
+        self.database.is_frozen() || self.segments.is_frozen()
+    }
+
+    /// Arm a power-loss point after `n` more writes on the database and
+    /// on each segment.
+    pub fn fail_after_writes(&self, n: u64) {
+        self.database.fail_after_writes(n);
+        self.segments.fail_after_writes(n);
+    }
+}

@@ -1,4 +1,5 @@
-//! openraft's `RaftLogStorage` for one group, over the node's database.
+//! openraft's `RaftLogStorage` for one group, over the node's store: its
+//! entries are frames of the node's segment log, found through `LOG` rows.
 //!
 //! An append returns as soon as its entries are queued for the node's
 //! writer, before the writer's transaction commits: until then they are
@@ -20,7 +21,7 @@ use serde::Serialize;
 
 use super::ledger::MarkChange;
 use super::records::delete_unused_log;
-use super::store::{NodeStore, StoreError, LOG, RAFT_META, RECORD_RUNS};
+use super::store::{LogRow, NodeStore, StoreError, LOG, RAFT_META, RECORD_RUNS};
 use crate::raft::types::{LogId, StorageError, TypeConfig, Vote};
 
 /// Entries appended but not yet committed to the database, by index.
@@ -111,7 +112,8 @@ impl LogStore {
             let mut entries = Vec::new();
             for row in table.range((group, start)..(group, end))? {
                 let (_, value) = row.map_err(redb::Error::from)?;
-                entries.push(postcard::from_bytes(value.value())?);
+                let row: LogRow = postcard::from_bytes(value.value())?;
+                entries.push(postcard::from_bytes(&self.store.entry_bytes(&row)?)?);
             }
             Ok(entries)
         })
@@ -131,8 +133,8 @@ impl LogStore {
             match last {
                 Some(row) => {
                     let (_, value) = row.map_err(redb::Error::from)?;
-                    let entry: Entry<TypeConfig> = postcard::from_bytes(value.value())?;
-                    Ok(Some(entry.log_id))
+                    let row: LogRow = postcard::from_bytes(value.value())?;
+                    Ok(Some(row.log_id))
                 }
                 None => Ok(None),
             }
@@ -142,14 +144,7 @@ impl LogStore {
     /// Delete the entries from index `start` on.
     async fn delete_from(&self, start: u64) -> Result<(), StoreError> {
         self.queued.lock().expect("queued entries").retain(|index, _| *index < start);
-        let group = self.group.clone();
-        self.store
-            .write(false, move |txn| {
-                let group = group.as_str();
-                txn.open_table(LOG)?.retain_in((group, start)..(group, u64::MAX), |_, _| false)?;
-                Ok(())
-            })
-            .await
+        self.store.truncate_log(self.group.clone(), start).await
     }
 
     /// Record the entries up to `purged` as purged, and delete those that
@@ -231,9 +226,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: Send,
     {
         let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
-        let encoded: Vec<(u64, Vec<u8>)> = entries
+        // Encoded here, off the node's writer.
+        let encoded: Vec<(LogId, Vec<u8>)> = entries
             .iter()
-            .map(|entry| Ok((entry.log_id.index, postcard::to_stdvec(entry)?)))
+            .map(|entry| Ok((entry.log_id, postcard::to_stdvec(entry)?)))
             .collect::<Result<_, StoreError>>()
             .map_err(log_error(ErrorVerb::Write))?;
         let written: Vec<LogId> = entries.iter().map(|e| e.log_id).collect();
@@ -243,14 +239,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         };
         self.queued.lock().expect("queued entries").extend(entries.into_iter().map(|e| (e.log_id.index, e)));
-        let group = self.group.clone();
-        let write = move |txn: &redb::WriteTransaction| {
-            let mut table = txn.open_table(LOG)?;
-            for (index, bytes) in &encoded {
-                table.insert((group.as_str(), *index), bytes.as_slice())?;
-            }
-            Ok(())
-        };
         // Committed: readable from the database, so leave the queue (unless
         // a later append replaced the entry at that index meanwhile).
         let queued = self.queued.clone();
@@ -263,7 +251,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
         };
         self.store
-            .queue_reporting_persisted(write, committed, callback, self.group.clone(), last)
+            .queue_append(self.group.clone(), encoded, committed, callback, last)
             .map_err(log_error(ErrorVerb::Write))
     }
 

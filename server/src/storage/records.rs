@@ -1,7 +1,7 @@
 //! Partition records in the node's database, as keel-core's `RecordLog`.
 //!
 //! The Raft log is the partition log: a record is stored once, inside the
-//! log entry that appended it. The state machine keeps only an index of
+//! log entry that appended it (a frame of the node's segment log). The state machine keeps only an index of
 //! runs (`RECORD_RUNS`): each row says that offsets `[base, base + count)`
 //! are records `first..` of batch `batch` of the entry at `log_index`. A
 //! replica that installed a snapshot has no such entries; the records it
@@ -23,8 +23,9 @@ use openraft::EntryPayload;
 use redb::{ReadOnlyTable, ReadableTable, Table};
 use serde::{Deserialize, Serialize};
 
+use super::segments::SegmentReader;
 use super::state_machine::CurrentSnapshot;
-use super::store::{StoreError, LOG, RAFT_META, RECORDS, RECORD_RUNS, SNAPSHOTS};
+use super::store::{entry_bytes, LogRow, StoreError, LOG, RAFT_META, RECORDS, RECORD_RUNS, SNAPSHOTS};
 use crate::raft::types::{Command, LogId, TypeConfig};
 
 type KeyedTable<'txn> = Table<'txn, (&'static str, u64), &'static [u8]>;
@@ -107,6 +108,7 @@ impl EntryCache {
     fn record(
         &mut self,
         log: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+        segments: &SegmentReader,
         group: &str,
         log_index: u64,
         batch: u32,
@@ -118,7 +120,8 @@ impl EntryCache {
                     "{group}'s record index points at log entry {log_index}, which is not stored"
                 )));
             };
-            let entry: openraft::Entry<TypeConfig> = decode(value.value())?;
+            let row: LogRow = decode(value.value())?;
+            let entry: openraft::Entry<TypeConfig> = decode(&entry_bytes(segments, &row)?)?;
             let batches = match entry.payload {
                 EntryPayload::Normal(request) => match request.command {
                     Command::Partition(PartitionCommand::Append { records, .. }) => vec![records],
@@ -145,6 +148,7 @@ fn stored_record(
     runs: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
     copies: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
     log: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+    segments: &SegmentReader,
     cache: &mut EntryCache,
     group: &str,
     offset: Offset,
@@ -154,7 +158,7 @@ fn stored_record(
         Some((base, Run::InLog { log_index, batch, first, append_time_ms, .. })) => {
             // Within the run: `offset - base < count`, which fits a batch.
             let position = first + (offset.0 - base.0) as u32;
-            let record = cache.record(log, group, log_index, batch, position)?;
+            let record = cache.record(log, segments, group, log_index, batch, position)?;
             Ok(Some(StoredRecord { offset, append_time_ms, record }))
         }
         Some((_, Run::Copied { .. })) => {
@@ -190,6 +194,7 @@ pub(crate) fn delete_unused_log(
 pub struct RecordWriter<'a, 'txn> {
     txn: &'txn redb::WriteTransaction,
     runs: KeyedTable<'txn>,
+    segments: SegmentReader,
     group: &'a str,
     /// The log index of the entry being applied.
     log_index: u64,
@@ -199,10 +204,15 @@ pub struct RecordWriter<'a, 'txn> {
 }
 
 impl<'a, 'txn> RecordWriter<'a, 'txn> {
-    pub(crate) fn new(txn: &'txn redb::WriteTransaction, group: &'a str) -> Result<Self, StoreError> {
+    pub(crate) fn new(
+        txn: &'txn redb::WriteTransaction,
+        segments: SegmentReader,
+        group: &'a str,
+    ) -> Result<Self, StoreError> {
         Ok(RecordWriter {
             txn,
             runs: txn.open_table(RECORD_RUNS)?,
+            segments,
             group,
             log_index: 0,
             pending: None,
@@ -269,12 +279,12 @@ impl RecordLog for RecordWriter<'_, '_> {
             if offset >= base && offset.0 - base.0 < count {
                 let position = first + (offset.0 - base.0) as u32;
                 let log = self.txn.open_table(LOG)?;
-                let record = cache.record(&log, self.group, log_index, batch, position)?;
+                let record = cache.record(&log, &self.segments, self.group, log_index, batch, position)?;
                 return Ok(Some(StoredRecord { offset, append_time_ms, record }));
             }
         }
         let (copies, log) = (self.txn.open_table(RECORDS)?, self.txn.open_table(LOG)?);
-        stored_record(&self.runs, &copies, &log, &mut cache, self.group, offset)
+        stored_record(&self.runs, &copies, &log, &self.segments, &mut cache, self.group, offset)
     }
 
     fn remove_before(&mut self, offset: Offset) -> Result<(), StoreError> {
@@ -317,16 +327,22 @@ pub struct RecordReader<'a> {
     runs: ReadOnlyKeyed,
     copies: ReadOnlyKeyed,
     log: ReadOnlyKeyed,
+    segments: SegmentReader,
     group: &'a str,
     cache: RefCell<EntryCache>,
 }
 
 impl<'a> RecordReader<'a> {
-    pub(crate) fn new(txn: &redb::ReadTransaction, group: &'a str) -> Result<Self, StoreError> {
+    pub(crate) fn new(
+        txn: &redb::ReadTransaction,
+        segments: SegmentReader,
+        group: &'a str,
+    ) -> Result<Self, StoreError> {
         Ok(RecordReader {
             runs: txn.open_table(RECORD_RUNS)?,
             copies: txn.open_table(RECORDS)?,
             log: txn.open_table(LOG)?,
+            segments,
             group,
             cache: RefCell::default(),
         })
@@ -342,7 +358,7 @@ impl RecordLog for RecordReader<'_> {
 
     fn get(&self, offset: Offset) -> Result<Option<StoredRecord>, StoreError> {
         let mut cache = self.cache.borrow_mut();
-        stored_record(&self.runs, &self.copies, &self.log, &mut cache, self.group, offset)
+        stored_record(&self.runs, &self.copies, &self.log, &self.segments, &mut cache, self.group, offset)
     }
 
     fn remove_before(&mut self, _offset: Offset) -> Result<(), StoreError> {

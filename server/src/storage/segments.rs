@@ -430,45 +430,7 @@ fn scan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::crash_disk::CrashDisk;
-
-    /// Segments on crash disks, for tests and the simulation.
-    #[derive(Debug, Default)]
-    struct CrashDir {
-        files: Mutex<BTreeMap<u64, CrashDisk>>,
-        /// Planted bug: disks whose sync makes nothing durable.
-        lying: bool,
-    }
-
-    impl CrashDir {
-        fn crash(&self, seed: u64) -> CrashDir {
-            let files = self.files.lock().unwrap();
-            let crashed = files.iter().map(|(id, disk)| (*id, disk.crash(seed ^ id))).collect();
-            CrashDir { files: Mutex::new(crashed), lying: false }
-        }
-    }
-
-    impl SegmentDisk for CrashDir {
-        fn create(&self, id: u64, len: u64) -> io::Result<Arc<dyn StorageBackend>> {
-            let disk = CrashDisk::new();
-            disk.set_len(len)?;
-            disk.sync_data()?;
-            disk.set_lie_about_sync(self.lying);
-            self.files.lock().unwrap().insert(id, disk.clone());
-            Ok(Arc::new(disk))
-        }
-        fn open(&self, id: u64) -> io::Result<Arc<dyn StorageBackend>> {
-            let files = self.files.lock().unwrap();
-            Ok(Arc::new(files.get(&id).cloned().ok_or(io::ErrorKind::NotFound)?))
-        }
-        fn remove(&self, id: u64) -> io::Result<()> {
-            self.files.lock().unwrap().remove(&id);
-            Ok(())
-        }
-        fn list(&self) -> io::Result<Vec<u64>> {
-            Ok(self.files.lock().unwrap().keys().copied().collect())
-        }
-    }
+    use crate::storage::crash_disk::CrashDir;
 
     /// Small segments: the tests' frames fill several.
     const TEST_SEGMENT_BYTES: u64 = 16 * 1024;
@@ -509,7 +471,7 @@ mod tests {
 
     #[test]
     fn a_checkpoint_skips_what_it_covers_and_old_segments_can_go() {
-        let dir = Arc::new(CrashDir::default());
+        let dir = Arc::new(CrashDir::new());
         let (mut log, _) = recovered(dir.clone(), None);
         log.append(b"before").unwrap();
         let checkpoint = log.position();
@@ -528,7 +490,7 @@ mod tests {
 
     #[test]
     fn a_frame_larger_than_what_is_left_starts_the_next_segment() {
-        let dir = Arc::new(CrashDir::default());
+        let dir = Arc::new(CrashDir::new());
         let (mut log, _) = recovered(dir.clone(), None);
         let big = vec![7u8; (TEST_SEGMENT_BYTES / 2) as usize];
         let first = log.append(&big).unwrap();
@@ -568,7 +530,7 @@ mod tests {
     /// recover again; `Err` says what was lost or reordered.
     fn power_cut(seed: u64, lying: bool) -> Result<(), String> {
         {
-            let dir = Arc::new(CrashDir { lying, ..CrashDir::default() });
+            let dir = Arc::new(if lying { CrashDir::new_lying() } else { CrashDir::new() });
             let (mut log, _) = recovered(dir.clone(), None);
             let mut appended = Vec::new();
             let mut synced = 0;
@@ -606,7 +568,7 @@ mod tests {
 
     #[test]
     fn a_damaged_frame_is_reported_not_returned() {
-        let dir = Arc::new(CrashDir::default());
+        let dir = Arc::new(CrashDir::new());
         let (mut log, _) = recovered(dir.clone(), None);
         let location = log.append(b"precious").unwrap();
         log.sync().unwrap();
@@ -617,13 +579,11 @@ mod tests {
 
     #[test]
     fn an_io_error_stops_the_log() {
-        let dir = Arc::new(CrashDir::default());
+        let dir = Arc::new(CrashDir::new());
         let (mut log, _) = recovered(dir.clone(), None);
         log.append(b"one").unwrap();
         log.sync().unwrap();
-        for disk in dir.files.lock().unwrap().values() {
-            disk.freeze();
-        }
+        dir.freeze();
         log.append(b"two").unwrap();
         assert!(matches!(log.sync(), Err(SegmentError::Io(_))));
         assert!(matches!(log.append(b"three"), Err(SegmentError::Poisoned)));

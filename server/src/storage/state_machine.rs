@@ -153,7 +153,7 @@ impl GroupStateMachine {
         // at least every record that state has committed.
         let GroupState::Partition(partition) = self.state.lock().expect("group state").clone() else { return Ok(None) };
         self.store.read(|txn| {
-            let reader = RecordReader::new(txn, self.group.as_str())?;
+            let reader = RecordReader::new(txn, self.store.segments().clone(), self.group.as_str())?;
             Ok(Some(read(&partition, &reader)))
         })
     }
@@ -165,6 +165,7 @@ impl GroupStateMachine {
 
     async fn apply_entries(&self, entries: Vec<Entry<TypeConfig>>) -> Result<Vec<Response>, StoreError> {
         let (group, state, last_applied) = (self.group.clone(), self.working.clone(), self.last_applied.clone());
+        let segments = self.store.segments().clone();
         // Runs in the node writer's transaction; not synced (the log replays it).
         let (responses, committed) = self
             .store
@@ -172,7 +173,7 @@ impl GroupStateMachine {
                 let group = group.as_str();
                 let mut state = state.lock().expect("group state");
                 let mut log = match &*state {
-                    GroupState::Partition(_) => Some(RecordWriter::new(txn, group)?),
+                    GroupState::Partition(_) => Some(RecordWriter::new(txn, segments, group)?),
                     GroupState::Metadata(_) => None,
                 };
                 let mut applied = last_applied.lock().expect("applied");
@@ -264,7 +265,7 @@ impl GroupStateMachine {
             file.write_item(&applied)?;
             if let GroupState::Partition(partition) = &applied.state {
                 // One record in memory at a time.
-                let reader = RecordReader::new(&view, &group)?;
+                let reader = RecordReader::new(&view, store.segments().clone(), &group)?;
                 let mut offset = partition.log_start();
                 #[allow(unused_mut)]
                 let mut end = partition.high_watermark();

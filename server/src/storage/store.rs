@@ -1,4 +1,18 @@
-//! The node's redb database and its group-commit flusher.
+//! The node's storage: its redb database, its segment log, and the writer
+//! that commits to both (group commit across every Raft group).
+//!
+//! Raft log entries (and so partition records) are frames of the segment
+//! log; redb holds votes, state rows and, per entry, a `LOG` row saying
+//! where its frame is. A batch of the writer appends its frames, writes
+//! them out, commits its redb transaction without fsync, and when entries
+//! wait to be reported persisted syncs the segment log only (one
+//! `fdatasync`). Every so often ([`CHECKPOINT_BYTES`],
+//! [`CHECKPOINT_BATCHES`]), and whenever a write asks for durability (a
+//! vote), the transaction is committed durably with the log's position:
+//! the checkpoint. After a crash redb is back at its last checkpoint and
+//! the frames after it are replayed into `LOG`; rows whose frames were
+//! lost (never reported persisted) are deleted. Segments are removed only
+//! after a checkpoint shows that no row points into them.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -9,10 +23,14 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use tokio::sync::{mpsc, oneshot};
 
 use super::ledger::{Ledger, MarkChange};
+use super::segments::{DirectoryDisk, Location, Position, SegmentDisk, SegmentError, SegmentLog, SegmentReader};
 use crate::raft::types::{LogId, TypeConfig};
 
-/// Raft log entries: (group key, log index) -> postcard(Entry).
+/// Raft log entries: (group key, log index) -> postcard(LogRow), where the
+/// entry's frame is in the segment log.
 pub(crate) const LOG: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("raft_log");
+/// The segment log's checkpoint: "checkpoint" -> postcard(Position).
+const SEGMENT_LOG: TableDefinition<&str, &[u8]> = TableDefinition::new("segment_log");
 /// Raft metadata: (group key, "vote" | "purged" | "committed") -> postcard.
 pub(crate) const RAFT_META: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("raft_meta");
 /// State machines: group key -> postcard(Applied).
@@ -27,8 +45,32 @@ pub(crate) const RECORD_RUNS: TableDefinition<(&str, u64), &[u8]> = TableDefinit
 pub(crate) const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshots");
 /// Snapshot bytes: (chunk key, chunk index) -> up to 1 MiB.
 pub(crate) const SNAPSHOT_CHUNKS: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("snapshot_chunks");
-/// Node-wide bookkeeping: the flush counter.
+/// Node-wide bookkeeping: the flush counter, the log's format.
 const NODE: TableDefinition<&str, u64> = TableDefinition::new("node");
+
+/// `NODE["log_format"]` once `LOG` rows point into the segment log (older
+/// data directories held each entry in its row, and are converted once).
+const LOG_FORMAT_SEGMENTS: u64 = 2;
+/// A checkpoint at least every this many bytes of frames...
+pub const CHECKPOINT_BYTES: u64 = 32 * 1024 * 1024;
+/// ...or this many writer batches: what a restart replays is bounded.
+pub const CHECKPOINT_BATCHES: u64 = 1024;
+
+/// A `LOG` row: the entry's id and where its frame is.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+pub(crate) struct LogRow {
+    pub log_id: LogId,
+    pub at: Location,
+}
+
+/// What a frame of the segment log holds.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) enum Frame<'a> {
+    /// Raft log entry `log_id` of `group`; `entry` is postcard(Entry).
+    Entry { group: &'a str, log_id: LogId, entry: &'a [u8] },
+    /// `group`'s entries from index `from` on were deleted.
+    Truncate { group: &'a str, from: u64 },
+}
 
 /// A storage failure. Fatal for the node: stop and restart from disk.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +96,8 @@ pub enum StoreError {
     ReadOnly,
     #[error("stored data is inconsistent ({0}); the data directory is damaged: remove this broker's replica and let it catch up from the others")]
     Inconsistent(String),
+    #[error("{0}")]
+    Segments(#[from] SegmentError),
 }
 
 impl From<redb::Error> for StoreError {
@@ -82,6 +126,8 @@ from_redb!(
 
 /// Called with the outcome of the commit that included a write.
 type Completion = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
+/// Told the outcome of the transaction an append or truncation was in.
+type AfterCommit = Box<dyn FnOnce(&Result<(), StoreError>) + Send>;
 /// One write, run inside the writer's shared transaction.
 type WriteOp = Box<dyn FnOnce(&WriteTransaction) -> Result<Completion, StoreError> + Send>;
 
@@ -89,6 +135,12 @@ type WriteOp = Box<dyn FnOnce(&WriteTransaction) -> Result<Completion, StoreErro
 enum Job {
     /// Run `op` in the next transaction; commit it durably if `durable`.
     Write { op: WriteOp, durable: bool },
+    /// Append log entries of `group` (`(id, postcard(Entry))`): frames in
+    /// the segment log, rows in `LOG`. `committed` runs once the rows are.
+    Append { group: String, entries: Vec<(LogId, Vec<u8>)>, committed: Box<dyn FnOnce() + Send> },
+    /// Delete `group`'s entries from index `from` on: a frame, then the
+    /// rows; answered once committed.
+    Truncate { group: String, from: u64, done: oneshot::Sender<Result<(), StoreError>> },
     /// Tell openraft these log entries (up to `last`, of `group`) are
     /// persisted after the next durable commit.
     Persisted { callback: LogFlushed<TypeConfig>, group: String, last: LogId },
@@ -112,6 +164,9 @@ const JOBS_PER_TRANSACTION_MAX: usize = 4096;
 pub struct NodeStore {
     /// `None` once closed: every later operation fails with `Closed`.
     db: Mutex<Option<Arc<Database>>>,
+    segments: SegmentReader,
+    /// Syncs the writer did (see [`NodeStore::flush_count`]).
+    syncs: Arc<std::sync::atomic::AtomicU64>,
     jobs: mpsc::UnboundedSender<Job>,
     poisoned: Arc<AtomicBool>,
     ledger: Arc<Ledger>,
@@ -124,7 +179,8 @@ impl std::fmt::Debug for NodeStore {
 }
 
 impl NodeStore {
-    /// Open or create the database in `dir/keel.redb`.
+    /// Open or create the store in `dir`: the database `keel.redb` and the
+    /// segment log in `log/`.
     pub fn open(dir: &Path) -> Result<Arc<NodeStore>, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| StoreError::Redb(redb::Error::Io(e)))?;
         let db = match Database::builder().create(dir.join("keel.redb")) {
@@ -132,18 +188,39 @@ impl NodeStore {
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => return Err(StoreError::InUse),
             Err(error) => return Err(error.into()),
         };
-        Self::from_database(db)
+        let segments = DirectoryDisk::new(dir.join("log")).map_err(SegmentError::from)?;
+        Self::from_database(db, Arc::new(segments), super::segments::SEGMENT_BYTES)
     }
 
-    /// Open or create the database on any redb backend (the simulation's
-    /// crash-simulating disk, or memory). In the simulation, call it inside
-    /// the node's runtime: the writer is a task there.
-    pub fn open_with_backend(backend: impl redb::StorageBackend) -> Result<Arc<NodeStore>, StoreError> {
+    /// Open or create the store on any redb backend and segment disk (the
+    /// simulation's crash-simulating disks, or memory), with segments of
+    /// `segment_bytes`. In the simulation, call it inside the node's
+    /// runtime: the writer is a task there.
+    pub fn open_on(
+        backend: impl redb::StorageBackend,
+        segments: Arc<dyn SegmentDisk>,
+        segment_bytes: u64,
+    ) -> Result<Arc<NodeStore>, StoreError> {
         let db = Database::builder().set_cache_size(16 * 1024 * 1024).create_with_backend(backend)?;
-        Self::from_database(db)
+        Self::from_database(db, segments, segment_bytes)
     }
 
-    fn from_database(db: Database) -> Result<Arc<NodeStore>, StoreError> {
+    /// [`NodeStore::open_on`] a simulated broker disk (the simulation and
+    /// crash tests), with segments of `segment_bytes`.
+    pub fn open_on_disk(disk: &super::crash_disk::NodeDisk, segment_bytes: u64) -> Result<Arc<NodeStore>, StoreError> {
+        Self::open_on(disk.database.clone(), Arc::new(disk.segments.clone()), segment_bytes)
+    }
+
+    /// [`NodeStore::open_on`] with the segment log in memory (tests).
+    pub fn open_with_backend(backend: impl redb::StorageBackend) -> Result<Arc<NodeStore>, StoreError> {
+        Self::open_on(backend, Arc::new(super::crash_disk::CrashDir::new()), 1024 * 1024)
+    }
+
+    fn from_database(
+        db: Database,
+        segments: Arc<dyn SegmentDisk>,
+        segment_bytes: u64,
+    ) -> Result<Arc<NodeStore>, StoreError> {
         let txn = db.begin_write()?;
         for table in [LOG, RECORDS, RECORD_RUNS, SNAPSHOT_CHUNKS] {
             txn.open_table(table)?;
@@ -152,13 +229,36 @@ impl NodeStore {
         txn.open_table(STATE)?;
         txn.open_table(SNAPSHOTS)?;
         txn.open_table(NODE)?;
+        txn.open_table(SEGMENT_LOG)?;
         txn.commit()?;
+        let log = recover(&db, segments, segment_bytes)?;
         let db = Arc::new(db);
         let poisoned = Arc::new(AtomicBool::new(false));
         let ledger = Arc::new(Ledger::default());
         let (jobs, queue) = mpsc::unbounded_channel();
-        start_writer(Writer { db: Some(db.clone()), queue, poisoned: poisoned.clone(), ledger: ledger.clone() });
-        Ok(Arc::new(NodeStore { db: Mutex::new(Some(db)), jobs, poisoned, ledger }))
+        let segments = log.reader();
+        let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        start_writer(Writer {
+            syncs: syncs.clone(),
+            db: Some(db.clone()),
+            log,
+            since_checkpoint: (0, 0),
+            oldest_in_use: 0,
+            queue,
+            poisoned: poisoned.clone(),
+            ledger: ledger.clone(),
+        });
+        Ok(Arc::new(NodeStore { db: Mutex::new(Some(db)), segments, syncs, jobs, poisoned, ledger }))
+    }
+
+    /// Reads frames of this node's segment log.
+    pub(crate) fn segments(&self) -> &SegmentReader {
+        &self.segments
+    }
+
+    /// The entry a `LOG` row points at, as stored (postcard(Entry)).
+    pub(crate) fn entry_bytes(&self, row: &LogRow) -> Result<Vec<u8>, StoreError> {
+        entry_bytes(&self.segments, row)
     }
 
     /// What this node reported persisted, and its snapshot counts.
@@ -185,8 +285,10 @@ impl NodeStore {
         self.read(|txn| {
             let entry = match txn.open_table(LOG)?.get((group, index))? {
                 Some(value) => {
-                    let entry: openraft::Entry<TypeConfig> = postcard::from_bytes(value.value())?;
-                    Some(entry.log_id)
+                    let row: LogRow = postcard::from_bytes(value.value())?;
+                    // The frame must read back too.
+                    self.entry_bytes(&row)?;
+                    Some(row.log_id)
                 }
                 None => None,
             };
@@ -247,33 +349,26 @@ impl NodeStore {
         self.jobs.send(Job::Write { op, durable: false }).map_err(|_| StoreError::Closed)
     }
 
-    /// Queue `write` (log entries) for the writer's next transaction without
-    /// waiting for it: `committed` runs once that transaction committed
-    /// (the entries are then readable from the database), and `callback`
-    /// is reported persisted after the durable commit that follows. Writes
-    /// queued one after another commit in that order.
-    pub(crate) fn queue_reporting_persisted(
+    /// Queue log entries of `group` (`(id, postcard(Entry))`, in index
+    /// order) for the writer's next batch without waiting for it:
+    /// `committed` runs once their rows are committed (the entries are then
+    /// readable through the database), and `callback` is reported
+    /// persisted after the segment log's next sync. Appends queued one
+    /// after another commit in that order.
+    pub(crate) fn queue_append(
         &self,
-        write: impl FnOnce(&WriteTransaction) -> Result<(), StoreError> + Send + 'static,
+        group: String,
+        entries: Vec<(LogId, Vec<u8>)>,
         committed: impl FnOnce() + Send + 'static,
         callback: LogFlushed<TypeConfig>,
-        group: String,
         last: LogId,
     ) -> Result<(), StoreError> {
         if let Err(error) = self.db() {
             callback.log_io_completed(Err(std::io::Error::other(error.to_string())));
             return Err(error);
         }
-        let op: WriteOp = Box::new(move |txn| {
-            write(txn)?;
-            let complete: Completion = Box::new(move |outcome| {
-                if outcome.is_ok() {
-                    committed();
-                }
-            });
-            Ok(complete)
-        });
-        if let Err(mpsc::error::SendError(_)) = self.jobs.send(Job::Write { op, durable: false }) {
+        let job = Job::Append { group: group.clone(), entries, committed: Box::new(committed) };
+        if let Err(mpsc::error::SendError(_)) = self.jobs.send(job) {
             callback.log_io_completed(Err(std::io::Error::other(StoreError::Closed.to_string())));
             return Err(StoreError::Closed);
         }
@@ -286,6 +381,15 @@ impl NodeStore {
         }
         self.persisted_later(callback, group, last);
         Ok(())
+    }
+
+    /// Delete `group`'s log entries from index `from` on (a Raft log
+    /// truncation), in order with the appends queued before.
+    pub(crate) async fn truncate_log(&self, group: String, from: u64) -> Result<(), StoreError> {
+        self.db()?;
+        let (done, answer) = oneshot::channel();
+        self.jobs.send(Job::Truncate { group, from, done }).map_err(|_| StoreError::Closed)?;
+        answer.await.unwrap_or(Err(StoreError::Poisoned))
     }
 
     async fn submit<T: Send + 'static>(
@@ -378,18 +482,35 @@ impl NodeStore {
         self.write(true, |_| Ok(())).await
     }
 
-    /// How many durable commits this database has done (for benchmarks).
+    /// How many times the writer synced (the segment log, or a durable
+    /// commit) since the store opened (for benchmarks).
     pub fn flush_count(&self) -> Result<u64, StoreError> {
-        self.read(|txn| Ok(txn.open_table(NODE)?.get("flushes")?.map_or(0, |v| v.value())))
+        Ok(self.syncs.load(Ordering::Relaxed))
     }
 }
 
-/// The writer: owns the job queue and a handle on the database.
+/// The writer: owns the job queue, the segment log's appending end and a
+/// handle on the database.
 struct Writer {
     db: Option<Arc<Database>>,
+    log: SegmentLog,
+    /// Frame bytes appended and batches run since the last checkpoint.
+    since_checkpoint: (u64, u64),
+    /// The oldest segment a row pointed into at the last checkpoint.
+    oldest_in_use: u64,
+    syncs: Arc<std::sync::atomic::AtomicU64>,
     queue: mpsc::UnboundedReceiver<Job>,
     poisoned: Arc<AtomicBool>,
     ledger: Arc<Ledger>,
+}
+
+/// One step of a batch's transaction, in job order.
+enum Step {
+    Op(WriteOp),
+    /// Insert `LOG` rows of a group (their frames are appended).
+    Rows(String, Vec<(u64, LogRow)>),
+    /// Delete a group's `LOG` rows from an index on.
+    DeleteFrom(String, u64),
 }
 
 impl Writer {
@@ -405,24 +526,68 @@ impl Writer {
         jobs
     }
 
+    /// Append a frame; counts towards the next checkpoint.
+    fn append_frame(&mut self, frame: &Frame<'_>) -> Result<Location, StoreError> {
+        let body = postcard::to_stdvec(frame)?;
+        let at = self.log.append(&body)?;
+        self.since_checkpoint.0 += body.len() as u64;
+        Ok(at)
+    }
+
     /// Run one batch. Returns false once closed.
     ///
-    /// The writes go in one transaction, synced only if one of them asks
-    /// for it; their callers are answered at once (log entries are then
-    /// readable). If log entries wait to be reported persisted, one more
-    /// durable commit follows: a durable commit makes every earlier commit
-    /// durable too. Meanwhile new jobs queue up for the next batch, so a
-    /// slow fsync gathers more appends into the next one.
+    /// The batch's frames are appended in job order and written out, its
+    /// writes go in one transaction, and its callers are answered once it
+    /// committed (log entries are then readable). If entries wait to be
+    /// reported persisted, the segment log is synced (one fsync covers
+    /// every group). The transaction is committed durably, as a
+    /// checkpoint, if a write asks for it or one is due; the segment log
+    /// is synced first, so a durable row never points at a lost frame.
+    /// Meanwhile new jobs queue up for the next batch, so a slow fsync
+    /// gathers more appends into the next one.
     fn run(&mut self, jobs: Vec<Job>) -> bool {
-        let mut writes = Vec::new();
+        let mut steps = Vec::new();
+        let mut durable = false;
+        let mut after_commit: Vec<AfterCommit> = Vec::new();
         let mut persisted = Vec::new();
         // Mark changes in job order: a report, then a truncation behind it,
         // leaves the mark lowered.
         let mut marks = Vec::new();
         let mut open = true;
+        let mut framed: Result<(), StoreError> = Ok(());
         for job in jobs {
             match job {
-                Job::Write { op, durable } => writes.push((op, durable)),
+                Job::Write { op, durable: wants } => {
+                    durable |= wants;
+                    steps.push(Step::Op(op));
+                }
+                Job::Append { group, entries, committed } => {
+                    let mut rows = Vec::with_capacity(entries.len());
+                    for (log_id, entry) in &entries {
+                        if framed.is_err() {
+                            break;
+                        }
+                        match self.append_frame(&Frame::Entry { group: &group, log_id: *log_id, entry }) {
+                            Ok(at) => rows.push((log_id.index, LogRow { log_id: *log_id, at })),
+                            Err(error) => framed = Err(error),
+                        }
+                    }
+                    steps.push(Step::Rows(group, rows));
+                    after_commit.push(Box::new(move |outcome| {
+                        if outcome.is_ok() {
+                            committed();
+                        }
+                    }));
+                }
+                Job::Truncate { group, from, done } => {
+                    if framed.is_ok() {
+                        framed = self.append_frame(&Frame::Truncate { group: &group, from }).map(|_| ());
+                    }
+                    steps.push(Step::DeleteFrom(group, from));
+                    after_commit.push(Box::new(move |outcome| {
+                        let _ = done.send(outcome.as_ref().map(|_| ()).map_err(|e| StoreError::Failed(e.to_string())));
+                    }));
+                }
                 Job::Persisted { callback, group, last } => {
                     persisted.push(callback);
                     marks.push(MarkChange::Reported(group, last));
@@ -431,44 +596,93 @@ impl Writer {
                 Job::Close => open = false,
             }
         }
-        let durable = writes.iter().any(|(_, durable)| *durable);
-        let mut completions = Vec::new();
-        let written = self.transaction(durable, |txn| {
-            for (op, _) in writes {
-                completions.push(op(txn)?);
+        self.since_checkpoint.1 += 1;
+        let checkpoint = durable
+            || self.since_checkpoint.0 >= CHECKPOINT_BYTES
+            || self.since_checkpoint.1 >= CHECKPOINT_BATCHES
+            || !open;
+        // Frames out (readable) before their rows commit; synced first if
+        // anything must be durable.
+        let logged = framed.and_then(|()| {
+            if checkpoint || !persisted.is_empty() {
+                self.log.sync()?;
+                self.syncs.fetch_add(1 + u64::from(checkpoint), Ordering::Relaxed);
+            } else {
+                self.log.write_out()?;
             }
             Ok(())
         });
+        if logged.is_err() {
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+        let position = self.log.position();
+        let mut completions = Vec::new();
+        let written = logged.and_then(|()| {
+            self.transaction(checkpoint, |txn| {
+                for step in steps {
+                    match step {
+                        Step::Op(op) => completions.push(op(txn)?),
+                        Step::Rows(group, rows) => {
+                            let mut table = txn.open_table(LOG)?;
+                            for (index, row) in rows {
+                                table.insert((group.as_str(), index), postcard::to_stdvec(&row)?.as_slice())?;
+                            }
+                        }
+                        Step::DeleteFrom(group, from) => {
+                            let group = group.as_str();
+                            txn.open_table(LOG)?.retain_in((group, from)..(group, u64::MAX), |_, _| false)?;
+                        }
+                    }
+                }
+                if checkpoint {
+                    txn.open_table(SEGMENT_LOG)?.insert("checkpoint", postcard::to_stdvec(&position)?.as_slice())?;
+                }
+                Ok(())
+            })
+        });
+        if checkpoint && written.is_ok() {
+            self.since_checkpoint = (0, 0);
+            if let Err(error) = self.remove_unused_segments() {
+                tracing::error!(%error, "storage failed; this node must restart");
+                self.poisoned.store(true, Ordering::SeqCst);
+            }
+        }
         let outcome = |result: &Result<(), StoreError>| {
             result.as_ref().map(|_| ()).map_err(|e| StoreError::Failed(e.to_string()))
         };
         for complete in completions {
             complete(outcome(&written));
         }
-        let synced = if persisted.is_empty() {
-            None
-        } else if durable || written.is_err() {
-            Some(written)
-        } else {
-            Some(self.transaction(true, |_| Ok(())))
-        };
-        // Reports raise marks only once they are true; a failed batch
-        // still lowers them.
-        let reported = synced.as_ref().is_some_and(|s| s.is_ok());
+        for complete in after_commit {
+            complete(&written);
+        }
+        // Reports raise marks only once they are true (synced, and their
+        // rows committed); a failed batch still lowers them.
+        let reported = written.is_ok();
         for change in marks {
             if reported || !matches!(change, MarkChange::Reported(..)) {
                 self.ledger.apply(change);
             }
         }
-        if let Some(synced) = synced {
-            for callback in persisted {
-                callback.log_io_completed(outcome(&synced).map_err(|e| std::io::Error::other(e.to_string())));
-            }
+        for callback in persisted {
+            callback.log_io_completed(outcome(&written).map_err(|e| std::io::Error::other(e.to_string())));
         }
         if !open {
             self.db = None;
         }
         open
+    }
+
+    /// After a checkpoint: remove the segments no `LOG` row has pointed
+    /// into at this checkpoint and the one before (a reader's transaction
+    /// from before the last one may still read them).
+    fn remove_unused_segments(&mut self) -> Result<(), StoreError> {
+        let Some(db) = self.db.clone() else { return Ok(()) };
+        let oldest = oldest_segment_in_use(&db.begin_read()?)?.unwrap_or(u64::MAX);
+        let unused_before = oldest.min(self.oldest_in_use);
+        self.oldest_in_use = oldest;
+        self.log.remove_before(unused_before)?;
+        Ok(())
     }
 
     /// One write transaction; a failure poisons the store.
@@ -502,6 +716,155 @@ impl Writer {
     }
 }
 
+/// The entry a `LOG` row points at, as stored (postcard(Entry)).
+pub(crate) fn entry_bytes(segments: &SegmentReader, row: &LogRow) -> Result<Vec<u8>, StoreError> {
+    let body = segments.read(row.at)?;
+    match postcard::from_bytes::<Frame<'_>>(&body)? {
+        Frame::Entry { log_id, entry, .. } if log_id == row.log_id => Ok(entry.to_vec()),
+        other => Err(StoreError::Inconsistent(format!(
+            "the log row of {} points at {:?}, which holds {other:?}",
+            row.log_id, row.at
+        ))),
+    }
+}
+
+/// The first `LOG` row of each group, in group order.
+fn first_rows(
+    log: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
+) -> Result<Vec<(String, LogRow)>, StoreError> {
+    let mut firsts = Vec::new();
+    let mut from: Option<String> = None;
+    loop {
+        // Index u64::MAX is never used: the row after it is the next group's.
+        let next = match &from {
+            None => log.iter()?.next(),
+            Some(group) => log.range((group.as_str(), u64::MAX)..)?.next(),
+        };
+        let Some(row) = next else { break };
+        let (key, value) = row.map_err(redb::Error::from)?;
+        let group = key.value().0.to_string();
+        firsts.push((group.clone(), postcard::from_bytes(value.value())?));
+        from = Some(group);
+    }
+    Ok(firsts)
+}
+
+/// The oldest segment a `LOG` row points into. A group's rows point into
+/// later segments as their index grows (a truncation deletes the rows
+/// above the entries that replace them), so its first row is its oldest.
+fn oldest_segment_in_use(txn: &redb::ReadTransaction) -> Result<Option<u64>, StoreError> {
+    let log = txn.open_table(LOG)?;
+    Ok(first_rows(&log)?.into_iter().map(|(_, row)| row.at.segment).min())
+}
+
+/// Open the segment log and bring `LOG` up to date with it: rows whose
+/// frames a crash took delete, frames after the checkpoint replay; then a
+/// checkpoint. A data directory of an older keel (entries in their rows)
+/// is converted first.
+fn recover(db: &Database, disk: Arc<dyn SegmentDisk>, segment_bytes: u64) -> Result<SegmentLog, StoreError> {
+    let (checkpoint, format) = {
+        let txn = db.begin_read()?;
+        let checkpoint: Option<Position> =
+            txn.open_table(SEGMENT_LOG)?.get("checkpoint")?.map(|v| postcard::from_bytes(v.value())).transpose()?;
+        (checkpoint, txn.open_table(NODE)?.get("log_format")?.map(|v| v.value()))
+    };
+    let mut frames: Vec<(Location, Vec<u8>)> = Vec::new();
+    let mut log = SegmentLog::open_sized(disk, checkpoint, segment_bytes, |at, body| {
+        frames.push((at, body.to_vec()));
+        Ok(())
+    })?;
+    let from = checkpoint.unwrap_or(Position { segment: 0, offset: 0 });
+    let txn = db.begin_write()?;
+    {
+        let mut table = txn.open_table(LOG)?;
+        if format != Some(LOG_FORMAT_SEGMENTS) {
+            // No frame is older than the conversion.
+            convert_rows(&mut table, &mut log)?;
+        } else {
+            forget_lost_and_replay(&mut table, from, &frames)?;
+        }
+        let mut node = txn.open_table(NODE)?;
+        node.insert("log_format", LOG_FORMAT_SEGMENTS)?;
+        let count = node.get("flushes")?.map_or(0, |v| v.value());
+        node.insert("flushes", count + 1)?;
+    }
+    log.sync()?;
+    txn.open_table(SEGMENT_LOG)?.insert("checkpoint", postcard::to_stdvec(&log.position())?.as_slice())?;
+    txn.commit()?;
+    let oldest = oldest_segment_in_use(&db.begin_read()?)?;
+    log.remove_before(oldest.unwrap_or(u64::MAX))?;
+    Ok(log)
+}
+
+/// Delete the `LOG` rows past the checkpoint `from` whose frames a crash
+/// took, then replay the `frames` that follow it, in order.
+fn forget_lost_and_replay(
+    table: &mut redb::Table<'_, (&'static str, u64), &'static [u8]>,
+    from: Position,
+    frames: &[(Location, Vec<u8>)],
+) -> Result<(), StoreError> {
+    {
+        // Rows past the checkpoint whose frame did not survive: never
+        // reported persisted (a report waits for the sync that would have
+        // kept them). A group's later rows point later, so look from its end.
+        let survived: std::collections::BTreeSet<Location> = frames.iter().map(|(at, _)| *at).collect();
+        for (group, _) in first_rows(&*table)? {
+            let mut lost = Vec::new();
+            for row in table.range((group.as_str(), 0)..(group.as_str(), u64::MAX))?.rev() {
+                let (key, value) = row.map_err(redb::Error::from)?;
+                let row: LogRow = postcard::from_bytes(value.value())?;
+                if (Position { segment: row.at.segment, offset: row.at.offset }) < from {
+                    break;
+                }
+                if !survived.contains(&row.at) {
+                    lost.push(key.value().1);
+                }
+            }
+            for index in lost {
+                table.remove((group.as_str(), index))?;
+            }
+        }
+        // Replay, in order, what happened after the checkpoint.
+        for (at, body) in frames {
+            match postcard::from_bytes::<Frame<'_>>(body)? {
+                Frame::Entry { group, log_id, .. } => {
+                    let row = postcard::to_stdvec(&LogRow { log_id, at: *at })?;
+                    table.insert((group, log_id.index), row.as_slice())?;
+                }
+                Frame::Truncate { group, from } => {
+                    table.retain_in((group, from)..(group, u64::MAX), |_, _| false)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Move the entries of an older data directory out of their rows into
+/// frames (once; the caller's transaction commits both).
+fn convert_rows(
+    table: &mut redb::Table<'_, (&'static str, u64), &'static [u8]>,
+    log: &mut SegmentLog,
+) -> Result<(), StoreError> {
+    let mut converted = Vec::new();
+    for row in table.iter()? {
+        let (key, value) = row.map_err(redb::Error::from)?;
+        let (group, index) = key.value();
+        let entry: openraft::Entry<TypeConfig> = postcard::from_bytes(value.value())?;
+        let at =
+            log.append(&postcard::to_stdvec(&Frame::Entry { group, log_id: entry.log_id, entry: value.value() })?)?;
+        converted.push((group.to_string(), index, LogRow { log_id: entry.log_id, at }));
+        if converted.len() % 1024 == 0 {
+            // Bounded memory: out to the file as it goes.
+            log.write_out()?;
+        }
+    }
+    for (group, index, row) in converted {
+        table.insert((group.as_str(), index), postcard::to_stdvec(&row)?.as_slice())?;
+    }
+    Ok(())
+}
+
 /// Production: a dedicated OS thread, so fsync never blocks tokio.
 #[cfg(not(madsim))]
 fn start_writer(mut writer: Writer) {
@@ -529,4 +892,97 @@ fn start_writer(mut writer: Writer) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use keel_core::partition::PartitionCommand;
+    use keel_core::record::Record;
+    use keel_core::TimestampMs;
+    use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, RaftLogReader};
+
+    use super::*;
+    use crate::raft::types::{Command, Request};
+    use crate::storage::crash_disk::{CrashDisk, NodeDisk};
+    use crate::storage::LogStore;
+
+    fn entry(index: u64) -> Entry<TypeConfig> {
+        let records = vec![Record::from_value(format!("value-{index:0>200}").into_bytes())];
+        let request = Request {
+            at: TimestampMs(index),
+            command: Command::Partition(PartitionCommand::Append { producer: None, records }),
+        };
+        Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    }
+
+    #[test]
+    fn purged_entries_free_their_segments_after_checkpoints() {
+        runtime().block_on(async {
+            let disk = NodeDisk::new();
+            let store = NodeStore::open_on_disk(&disk, 4096).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            for index in 1..=200 {
+                log.blocking_append([entry(index)]).await.unwrap();
+            }
+            let filled = disk.segments.list().unwrap().len();
+            assert!(filled > 5, "{filled} segments");
+            log.purge(LogId::new(CommittedLeaderId::new(1, 1), 190)).await.unwrap();
+            // A segment goes once two checkpoints found it unused.
+            store.flush().await.unwrap();
+            store.flush().await.unwrap();
+            let left = disk.segments.list().unwrap().len();
+            assert!(left <= 3, "{left} of {filled} segments left");
+            let kept: Vec<u64> =
+                log.try_get_log_entries(191..=200).await.unwrap().iter().map(|e| e.log_id.index).collect();
+            assert_eq!(kept, (191..=200).collect::<Vec<_>>());
+            store.close();
+
+            // And after a power cut.
+            let after = disk.crash(7);
+            let store = NodeStore::open_on_disk(&after, 4096).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            let entries = log.try_get_log_entries(191..=200).await.unwrap();
+            assert_eq!(entries, (191..=200).map(entry).collect::<Vec<_>>());
+            store.close();
+        });
+    }
+
+    /// A data directory of an older keel kept each entry in its `LOG`
+    /// row: the first open moves them into frames, once.
+    #[test]
+    fn an_older_data_directory_is_converted_once() {
+        let disk = CrashDisk::new();
+        {
+            let db = Database::builder().create_with_backend(disk.clone()).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut table = txn.open_table(LOG).unwrap();
+                for index in 1..=5 {
+                    table.insert(("old", index), postcard::to_stdvec(&entry(index)).unwrap().as_slice()).unwrap();
+                }
+            }
+            txn.commit().unwrap();
+        }
+        let segments = crate::storage::crash_disk::CrashDir::new();
+        runtime().block_on(async {
+            let mut image = disk.crash(0);
+            for _ in 0..2 {
+                let store = NodeStore::open_on(image.clone(), Arc::new(segments.clone()), 4096).unwrap();
+                let mut log = LogStore::new(store.clone(), "old".to_string());
+                let entries = log.try_get_log_entries(1..=5).await.unwrap();
+                assert_eq!(entries, (1..=5).map(entry).collect::<Vec<_>>());
+                let state = log.get_log_state().await.unwrap();
+                assert_eq!(state.last_log_id.map(|l| l.index), Some(5));
+                store.close();
+                // The next open sees the converted image (made durable as
+                // it opened): its rows now point at frames.
+                image = image.crash(0);
+            }
+        });
+    }
 }
