@@ -165,6 +165,12 @@ fn the_three_broker_walkthrough_runs_as_written() {
     let mut shell = Shell::start(dir.path());
     shell.run_block(&sh_block_after("KEEL_CLUSTER_SECRET`)."));
     let outputs = shell.run_block(&sh_block_after("Add a fourth broker"));
+    // The joining broker said what it waits for before it listened.
+    assert!(
+        shell.seen.iter().any(|l| l.contains("joining the cluster through")),
+        "the joining broker showed no progress: {:?}",
+        shell.seen
+    );
     // `--wait` returned once the move was done: the next describe, asked of
     // the new broker, already shows partition 0's voters as 2,3,4.
     let moved = output_of(&outputs, "keel topic move orders");

@@ -66,8 +66,14 @@ pub(crate) struct LogRow {
 /// What a frame of the segment log holds.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) enum Frame<'a> {
-    /// Raft log entry `log_id` of `group`; `entry` is postcard(Entry).
-    Entry { group: &'a str, log_id: LogId, entry: &'a [u8] },
+    /// Raft log entry `log_id` of `group`; `entry` is postcard(Entry),
+    /// copied as one block (serde would write a byte slice byte by byte).
+    Entry {
+        group: &'a str,
+        log_id: LogId,
+        #[serde(with = "serde_bytes")]
+        entry: &'a [u8],
+    },
     /// `group`'s entries from index `from` on were deleted.
     Truncate { group: &'a str, from: u64 },
 }
