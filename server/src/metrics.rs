@@ -117,6 +117,10 @@ pub struct Metrics {
     peer_failed_calls: Family<PeerLabels, Counter>,
     raft_calls: Family<PeerLabels, Counter>,
     process: ProcessMetrics,
+    log_segments: Gauge,
+    log_bytes: Gauge,
+    log_syncs: Counter,
+    log_checkpoints: Counter,
 }
 
 /// The standard `process_*` metrics of Prometheus's client libraries, read
@@ -230,6 +234,10 @@ impl Metrics {
             peer_failed_calls: Family::default(),
             raft_calls: Family::default(),
             process: ProcessMetrics::default(),
+            log_segments: Gauge::default(),
+            log_bytes: Gauge::default(),
+            log_syncs: Counter::default(),
+            log_checkpoints: Counter::default(),
             registry: Registry::default(),
         };
         let build_info = Family::<BuildLabels, Gauge>::default();
@@ -303,6 +311,22 @@ impl Metrics {
             "Raft calls (AppendEntries, votes, snapshot chunks) this broker sent to the peer, answered or not",
             metrics.raft_calls.clone(),
         );
+        registry.register("log_segments", "Segment files of this broker's log", metrics.log_segments.clone());
+        registry.register(
+            "log_bytes",
+            "Bytes on disk of this broker's log segments (created at full size)",
+            metrics.log_bytes.clone(),
+        );
+        registry.register(
+            "log_syncs",
+            "fdatasyncs of the log (each covers every group's waiting appends) and durable commits",
+            metrics.log_syncs.clone(),
+        );
+        registry.register(
+            "log_checkpoints",
+            "Checkpoints: durable commits of the broker's database, after which unused segments go",
+            metrics.log_checkpoints.clone(),
+        );
         metrics.process.register(&mut root);
         Metrics { registry: root, ..metrics }
     }
@@ -369,6 +393,11 @@ impl Metrics {
             let counter = self.raft_calls.get_or_create(&labels);
             counter.inc_by(health.calls.saturating_sub(counter.get()));
         }
+        let usage = node.log_usage();
+        self.log_segments.set(usage.segments as i64);
+        self.log_bytes.set(usage.bytes as i64);
+        self.log_syncs.inc_by(usage.syncs.saturating_sub(self.log_syncs.get()));
+        self.log_checkpoints.inc_by(usage.checkpoints.saturating_sub(self.log_checkpoints.get()));
         let (built, installed) = node.snapshot_counts();
         self.snapshots_built.set(built as i64);
         self.snapshots_installed.set(installed as i64);

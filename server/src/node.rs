@@ -603,6 +603,11 @@ impl Node {
         self.inner.store.ledger().snapshot_counts()
     }
 
+    /// What this node's segment log holds and has done.
+    pub fn log_usage(&self) -> crate::storage::LogUsage {
+        self.inner.store.log_usage()
+    }
+
     /// Why this node can no longer work, if it cannot: a storage error, or
     /// a Raft group stopped by a fatal error. Fatal is fatal: the process
     /// should exit and be restarted from disk.

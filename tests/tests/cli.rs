@@ -276,6 +276,12 @@ fn metrics_speak_prometheus_text_or_openmetrics_with_canonical_codes_and_build_i
     assert!(keel_tests::sample(&text, r#"keel_requests_total{rpc="ListTopics",code="OK"}"#) >= 1.0);
     assert!(keel_tests::sample(&text, r#"keel_requests_total{rpc="DescribeTopic",code="NOT_FOUND"}"#) >= 1.0);
     assert_eq!(keel_tests::sample(&text, "keel_build_info{version="), 1.0);
+    // The segment log: its first segment, and the syncs that registered
+    // the broker.
+    assert!(keel_tests::sample(&text, "keel_log_segments") >= 1.0, "{text}");
+    assert!(keel_tests::sample(&text, "keel_log_bytes") >= 1e6, "{text}");
+    assert!(keel_tests::sample(&text, "keel_log_syncs_total") >= 1.0, "{text}");
+    assert!(keel_tests::sample(&text, "keel_log_checkpoints_total") >= 0.0, "{text}");
     // The process's own figures, under the standard unprefixed names.
     // A broker a second old may not have used a clock tick of CPU yet.
     assert!(keel_tests::sample(&text, "process_cpu_seconds_total") >= 0.0, "{text}");

@@ -30,4 +30,4 @@ pub use ledger::{Ledger, PersistedMark};
 pub use log_store::LogStore;
 pub use records::{RecordReader, RecordWriter};
 pub use state_machine::{GroupState, GroupStateMachine, SharedGroupState};
-pub use store::{NodeStore, StoreError};
+pub use store::{LogUsage, NodeStore, StoreError};

@@ -193,6 +193,13 @@ pub struct SegmentReader {
 }
 
 impl SegmentReader {
+    /// How many segments the log holds, and their bytes on disk.
+    pub fn usage(&self) -> (u64, u64) {
+        let open = self.open.lock().expect("open segments");
+        let bytes = open.values().filter_map(|segment| segment.len().ok()).sum();
+        (open.len() as u64, bytes)
+    }
+
     /// The body of the frame at `location`, which was written out.
     pub fn read(&self, location: Location) -> Result<Vec<u8>, SegmentError> {
         let segment = {

@@ -56,6 +56,15 @@ pub const CHECKPOINT_BYTES: u64 = 32 * 1024 * 1024;
 /// ...or this many writer batches: what a restart replays is bounded.
 pub const CHECKPOINT_BATCHES: u64 = 1024;
 
+/// What the segment log holds and has done (see [`NodeStore::log_usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogUsage {
+    pub segments: u64,
+    pub bytes: u64,
+    pub syncs: u64,
+    pub checkpoints: u64,
+}
+
 /// A `LOG` row: the entry's id and where its frame is.
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 pub(crate) struct LogRow {
@@ -173,6 +182,8 @@ pub struct NodeStore {
     segments: SegmentReader,
     /// Syncs the writer did (see [`NodeStore::flush_count`]).
     syncs: Arc<std::sync::atomic::AtomicU64>,
+    /// Durable commits of the writer (checkpoints).
+    checkpoints: Arc<std::sync::atomic::AtomicU64>,
     jobs: mpsc::UnboundedSender<Job>,
     poisoned: Arc<AtomicBool>,
     ledger: Arc<Ledger>,
@@ -244,8 +255,10 @@ impl NodeStore {
         let (jobs, queue) = mpsc::unbounded_channel();
         let segments = log.reader();
         let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let checkpoints = Arc::new(std::sync::atomic::AtomicU64::new(0));
         start_writer(Writer {
             syncs: syncs.clone(),
+            checkpoints: checkpoints.clone(),
             db: Some(db.clone()),
             log,
             since_checkpoint: (0, 0),
@@ -254,7 +267,7 @@ impl NodeStore {
             poisoned: poisoned.clone(),
             ledger: ledger.clone(),
         });
-        Ok(Arc::new(NodeStore { db: Mutex::new(Some(db)), segments, syncs, jobs, poisoned, ledger }))
+        Ok(Arc::new(NodeStore { db: Mutex::new(Some(db)), segments, syncs, checkpoints, jobs, poisoned, ledger }))
     }
 
     /// Reads frames of this node's segment log.
@@ -488,6 +501,18 @@ impl NodeStore {
         self.write(true, |_| Ok(())).await
     }
 
+    /// The segment log's segments and bytes on disk, and the syncs and
+    /// checkpoints since the store opened (for metrics).
+    pub fn log_usage(&self) -> LogUsage {
+        let (segments, bytes) = self.segments.usage();
+        LogUsage {
+            segments,
+            bytes,
+            syncs: self.syncs.load(Ordering::Relaxed),
+            checkpoints: self.checkpoints.load(Ordering::Relaxed),
+        }
+    }
+
     /// How many times the writer synced (the segment log, or a durable
     /// commit) since the store opened (for benchmarks).
     pub fn flush_count(&self) -> Result<u64, StoreError> {
@@ -505,6 +530,7 @@ struct Writer {
     /// The oldest segment a row pointed into at the last checkpoint.
     oldest_in_use: u64,
     syncs: Arc<std::sync::atomic::AtomicU64>,
+    checkpoints: Arc<std::sync::atomic::AtomicU64>,
     queue: mpsc::UnboundedReceiver<Job>,
     poisoned: Arc<AtomicBool>,
     ledger: Arc<Ledger>,
@@ -648,6 +674,7 @@ impl Writer {
         });
         if checkpoint && written.is_ok() {
             self.since_checkpoint = (0, 0);
+            self.checkpoints.fetch_add(1, Ordering::Relaxed);
             if let Err(error) = self.remove_unused_segments() {
                 tracing::error!(%error, "storage failed; this node must restart");
                 self.poisoned.store(true, Ordering::SeqCst);
