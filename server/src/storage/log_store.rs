@@ -113,7 +113,7 @@ impl LogStore {
             for row in table.range((group, start)..(group, end))? {
                 let (_, value) = row.map_err(redb::Error::from)?;
                 let row: LogRow = postcard::from_bytes(value.value())?;
-                entries.push(postcard::from_bytes(&self.store.entry_bytes(&row)?)?);
+                entries.push(self.store.read_entry(&row)?);
             }
             Ok(entries)
         })

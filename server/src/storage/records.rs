@@ -25,8 +25,8 @@ use serde::{Deserialize, Serialize};
 
 use super::segments::SegmentReader;
 use super::state_machine::CurrentSnapshot;
-use super::store::{entry_bytes, LogRow, StoreError, LOG, RAFT_META, RECORDS, RECORD_RUNS, SNAPSHOTS};
-use crate::raft::types::{Command, LogId, TypeConfig};
+use super::store::{read_entry, LogRow, StoreError, LOG, RAFT_META, RECORDS, RECORD_RUNS, SNAPSHOTS};
+use crate::raft::types::{Command, LogId};
 
 type KeyedTable<'txn> = Table<'txn, (&'static str, u64), &'static [u8]>;
 type ReadOnlyKeyed = ReadOnlyTable<(&'static str, u64), &'static [u8]>;
@@ -121,7 +121,7 @@ impl EntryCache {
                 )));
             };
             let row: LogRow = decode(value.value())?;
-            let entry: openraft::Entry<TypeConfig> = decode(&entry_bytes(segments, &row)?)?;
+            let entry = read_entry(segments, &row)?;
             let batches = match entry.payload {
                 EntryPayload::Normal(request) => match request.command {
                     Command::Partition(PartitionCommand::Append { records, .. }) => vec![records],

@@ -275,9 +275,9 @@ impl NodeStore {
         &self.segments
     }
 
-    /// The entry a `LOG` row points at, as stored (postcard(Entry)).
-    pub(crate) fn entry_bytes(&self, row: &LogRow) -> Result<Vec<u8>, StoreError> {
-        entry_bytes(&self.segments, row)
+    /// The entry a `LOG` row points at.
+    pub(crate) fn read_entry(&self, row: &LogRow) -> Result<openraft::Entry<TypeConfig>, StoreError> {
+        read_entry(&self.segments, row)
     }
 
     /// What this node reported persisted, and its snapshot counts.
@@ -306,7 +306,7 @@ impl NodeStore {
                 Some(value) => {
                     let row: LogRow = postcard::from_bytes(value.value())?;
                     // The frame must read back too.
-                    self.entry_bytes(&row)?;
+                    self.read_entry(&row)?;
                     Some(row.log_id)
                 }
                 None => None,
@@ -749,11 +749,11 @@ impl Writer {
     }
 }
 
-/// The entry a `LOG` row points at, as stored (postcard(Entry)).
-pub(crate) fn entry_bytes(segments: &SegmentReader, row: &LogRow) -> Result<Vec<u8>, StoreError> {
+/// The entry a `LOG` row points at, decoded straight from its frame.
+pub(crate) fn read_entry(segments: &SegmentReader, row: &LogRow) -> Result<openraft::Entry<TypeConfig>, StoreError> {
     let body = segments.read(row.at)?;
     match postcard::from_bytes::<Frame<'_>>(&body)? {
-        Frame::Entry { log_id, entry, .. } if log_id == row.log_id => Ok(entry.to_vec()),
+        Frame::Entry { log_id, entry, .. } if log_id == row.log_id => Ok(postcard::from_bytes(entry)?),
         other => Err(StoreError::Inconsistent(format!(
             "the log row of {} points at {:?}, which holds {other:?}",
             row.log_id, row.at
