@@ -274,10 +274,17 @@ impl SegmentLog {
         let from = checkpoint.unwrap_or(Position { segment: 0, offset: 0 });
         let ids = disk.list()?;
         let mut open = BTreeMap::new();
-        for &id in ids.iter().filter(|id| **id >= from.segment) {
+        for &id in &ids {
             let segment = disk.open(id)?;
-            let start = if id == from.segment { from.offset } else { 0 };
-            scan(segment.as_ref(), id, start, &mut visit)?;
+            if id >= from.segment {
+                let start = if id == from.segment { from.offset } else { 0 };
+                scan(segment.as_ref(), id, start, &mut visit)?;
+                // What the scan saw may still be only in the page cache
+                // (the process was killed before its sync): make it
+                // durable before anything relies on it.
+                segment.sync_data()?;
+            }
+            // Every segment is known, so that removal can find it.
             open.insert(id, segment);
         }
         let active = ids.last().map_or(0, |last| last + 1).max(from.segment);
@@ -366,12 +373,13 @@ impl SegmentLog {
     /// needed any more).
     pub fn remove_before(&mut self, segment: u64) -> Result<(), SegmentError> {
         self.check()?;
-        let doomed: Vec<u64> = {
-            let open = self.open.lock().expect("open segments");
-            open.range(..segment.min(self.active)).map(|(id, _)| *id).collect()
-        };
+        // Under the lock throughout: a reader must not open a segment
+        // again between its leaving the map and its file going.
+        let open = self.open.clone();
+        let mut open = open.lock().expect("open segments");
+        let doomed: Vec<u64> = open.range(..segment.min(self.active)).map(|(id, _)| *id).collect();
         for id in doomed {
-            self.open.lock().expect("open segments").remove(&id);
+            open.remove(&id);
             let result = self.disk.remove(id);
             self.poison_on(result)?;
         }
@@ -491,6 +499,8 @@ mod tests {
         log.sync().unwrap();
         log.remove_before(late.segment).unwrap();
         assert_eq!(log.segments(), vec![late.segment]);
+        // Segments before the checkpoint (not scanned) went from the disk too.
+        assert_eq!(dir.list().unwrap(), vec![late.segment]);
         assert!(matches!(log.reader().read(after), Err(SegmentError::Missing(_))));
         assert_eq!(log.reader().read(late).unwrap(), b"late");
     }
