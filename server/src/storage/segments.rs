@@ -583,6 +583,28 @@ mod tests {
         Ok(())
     }
 
+    /// A process killed before its sync leaves frames in the page cache:
+    /// the next open sees them and hands them on, so it must make them
+    /// durable before a later power cut can take them.
+    #[test]
+    fn frames_a_restart_saw_survive_a_later_power_cut() {
+        for seed in 0..50u64 {
+            let dir = Arc::new(CrashDir::new());
+            let (mut log, _) = recovered(dir.clone(), None);
+            log.append(b"synced").unwrap();
+            log.sync().unwrap();
+            log.append(b"written, not synced").unwrap();
+            log.write_out().unwrap();
+            // Killed: no sync, but the same disk (its page cache) stays.
+            drop(log);
+            let (log, seen) = recovered(dir.clone(), None);
+            assert_eq!(seen.len(), 2, "seed {seed}: the restart sees both frames");
+            drop(log);
+            let (_, after_cut) = recovered(Arc::new(dir.crash(seed)), None);
+            assert_eq!(after_cut, seen, "seed {seed}: a frame the restart saw was lost in a later power cut");
+        }
+    }
+
     #[test]
     fn a_damaged_frame_is_reported_not_returned() {
         let dir = Arc::new(CrashDir::new());

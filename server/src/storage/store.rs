@@ -228,7 +228,9 @@ impl NodeStore {
         Self::open_on(disk.database.clone(), Arc::new(disk.segments.clone()), segment_bytes)
     }
 
-    /// [`NodeStore::open_on`] with the segment log in memory (tests).
+    /// [`NodeStore::open_on`] with the segment log in memory (tests). Each
+    /// call gets a new, empty log: a test that reopens a store must use
+    /// [`NodeStore::open_on_disk`] instead.
     pub fn open_with_backend(backend: impl redb::StorageBackend) -> Result<Arc<NodeStore>, StoreError> {
         Self::open_on(backend, Arc::new(super::crash_disk::CrashDir::new()), 1024 * 1024)
     }
