@@ -121,6 +121,8 @@ pub struct Metrics {
     log_bytes: Gauge,
     log_syncs: Counter,
     log_checkpoints: Counter,
+    log_live_bytes: Gauge,
+    log_compacted_bytes: Counter,
 }
 
 /// The standard `process_*` metrics of Prometheus's client libraries, read
@@ -238,6 +240,8 @@ impl Metrics {
             log_bytes: Gauge::default(),
             log_syncs: Counter::default(),
             log_checkpoints: Counter::default(),
+            log_live_bytes: Gauge::default(),
+            log_compacted_bytes: Counter::default(),
             registry: Registry::default(),
         };
         let build_info = Family::<BuildLabels, Gauge>::default();
@@ -327,6 +331,16 @@ impl Metrics {
             "Checkpoints: durable commits of the broker's database, after which unused segments go",
             metrics.log_checkpoints.clone(),
         );
+        registry.register(
+            "log_live_bytes",
+            "Bytes of the log's frames still in use (what the segments would take if fully compacted)",
+            metrics.log_live_bytes.clone(),
+        );
+        registry.register(
+            "log_compacted_bytes",
+            "Bytes of live frames compaction copied out of mostly dead segments so that they could go",
+            metrics.log_compacted_bytes.clone(),
+        );
         metrics.process.register(&mut root);
         Metrics { registry: root, ..metrics }
     }
@@ -398,6 +412,8 @@ impl Metrics {
         self.log_bytes.set(usage.bytes as i64);
         self.log_syncs.inc_by(usage.syncs.saturating_sub(self.log_syncs.get()));
         self.log_checkpoints.inc_by(usage.checkpoints.saturating_sub(self.log_checkpoints.get()));
+        self.log_live_bytes.set(usage.live_bytes as i64);
+        self.log_compacted_bytes.inc_by(usage.compacted_bytes.saturating_sub(self.log_compacted_bytes.get()));
         let (built, installed) = node.snapshot_counts();
         self.snapshots_built.set(built as i64);
         self.snapshots_installed.set(installed as i64);

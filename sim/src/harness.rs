@@ -140,6 +140,9 @@ pub struct RunReport {
     pub faults: BTreeMap<String, u64>,
     /// Raft snapshots built and installed, over every broker and restart.
     pub snapshots: (u64, u64),
+    /// Bytes of live log frames compaction copied, over every broker and
+    /// restart.
+    pub compacted_bytes: u64,
     /// Rejections the state machines recorded, by kind (`metadata:Kind`
     /// or `partition:Kind`), over every replica's apply.
     pub rejections: BTreeMap<String, u64>,
@@ -269,6 +272,13 @@ fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
         }
     }
     let snapshots = snapshot_samples.values().fold((0, 0), |(b, i), (built, installed)| (b + built, i + installed));
+    let mut compacted_samples = BTreeMap::new();
+    for event in &events {
+        if let EventKind::LogCompacted { broker, incarnation, bytes } = &event.kind {
+            compacted_samples.insert((*broker, *incarnation), *bytes);
+        }
+    }
+    let compacted_bytes = compacted_samples.values().sum();
     RunReport {
         trace_hash: trace_hash(&events),
         scenario,
@@ -277,6 +287,7 @@ fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
         simulated_ms,
         faults,
         snapshots,
+        compacted_bytes,
         rejections,
     }
 }
@@ -903,6 +914,7 @@ async fn sample_positions(world: World) {
     // (replica number, present at the last sample)
     let mut replicas: BTreeMap<(u64, String, u32), (u64, bool)> = BTreeMap::new();
     let mut last_snapshots: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
+    let mut last_compacted: BTreeMap<(u64, u64), u64> = BTreeMap::new();
     loop {
         for broker in &world.brokers {
             let Some(node) = broker.node() else { continue };
@@ -924,6 +936,14 @@ async fn sample_positions(world: World) {
                 world.record(
                     &format!("broker-{}", broker.id),
                     EventKind::Snapshots { broker: broker.id, incarnation, built, installed },
+                );
+            }
+            let compacted = node.log_usage().compacted_bytes;
+            if last_compacted.get(&key).copied().unwrap_or(0) != compacted {
+                last_compacted.insert(key, compacted);
+                world.record(
+                    &format!("broker-{}", broker.id),
+                    EventKind::LogCompacted { broker: broker.id, incarnation, bytes: compacted },
                 );
             }
             for topic in &world.scenario.topics {
@@ -1041,6 +1061,22 @@ fn power_cut(world: &World, broker: &SimBroker, seed: u64) {
     }
 }
 
+/// kill -9: the process dies and the page cache keeps every write it
+/// issued, synced or not; the broker restarts from that. Nothing is lost
+/// yet, so nothing is checked here: a restart that trusts unsynced bytes
+/// shows at a later power cut.
+fn process_kill(broker: &SimBroker) {
+    {
+        let mut disk = broker.disk.lock().expect("disk");
+        // Freezes the old handles: the dying process's destructors cannot
+        // write (madsim's kill runs them).
+        *disk = disk.kill();
+    }
+    broker.store.lock().expect("store slot").take();
+    Handle::current().kill(broker.host);
+    *broker.node.lock().expect("node slot") = None;
+}
+
 /// The groups whose entry the broker reported persisted is not in its
 /// durable image (neither at its index nor purged behind a snapshot).
 fn persisted_but_lost(image: NodeDisk, marks: &BTreeMap<String, PersistedMark>) -> Vec<String> {
@@ -1054,6 +1090,9 @@ fn persisted_but_lost(image: NodeDisk, marks: &BTreeMap<String, PersistedMark>) 
         _ => return Vec::new(),
     };
     let mut lost = Vec::new();
+    if let Err(error) = store.check_live_bytes() {
+        lost.push(format!("the durable image's segment accounting is off: {error}"));
+    }
     for (group, mark) in marks {
         let (at, purged) = match store.log_entry_at(group, mark.index) {
             Ok(found) => found,
@@ -1146,6 +1185,14 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                     power_cut(&world, broker, rng.gen());
                     madsim::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
                     broker.disk_failing.store(false, Ordering::SeqCst);
+                    if !broker.decommissioned.load(Ordering::SeqCst) {
+                        handle.restart(broker.host);
+                    }
+                }
+                FaultKind::Kill => {
+                    let broker = &brokers[0];
+                    process_kill(broker);
+                    madsim::time::sleep(duration).await;
                     if !broker.decommissioned.load(Ordering::SeqCst) {
                         handle.restart(broker.host);
                     }

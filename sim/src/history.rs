@@ -142,6 +142,13 @@ pub enum EventKind {
         built: u64,
         installed: u64,
     },
+    /// Bytes of live log frames a broker's compaction copied out of mostly
+    /// dead segments so far in this incarnation (sampled when they change).
+    LogCompacted {
+        broker: u64,
+        incarnation: u64,
+        bytes: u64,
+    },
     /// After the heal, one record written to a partition to show it takes
     /// writes again: acknowledged at `offset`, or refused with `error`
     /// (L1: write availability).

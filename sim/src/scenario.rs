@@ -50,13 +50,17 @@ pub enum FaultKind {
     /// The metadata leader's or a partition leader's clock steps by hours,
     /// forwards or backwards (beyond any session or retention period).
     ClockStepHours,
+    /// A broker's process is killed (kill -9) and restarted: its page
+    /// cache survives, so it restarts from every write it issued, synced
+    /// or not, and a later power cut may still take the unsynced ones.
+    Kill,
 }
 
 impl FaultKind {
     /// Every kind. A seed draws the first [`FaultKind::FIRST_DRAWN`] in one
     /// go and the later ones after the rest of its scenario, so that adding
     /// a kind leaves every earlier choice of every seed as it was.
-    pub const ALL: [FaultKind; 17] = [
+    pub const ALL: [FaultKind; 18] = [
         FaultKind::Crash,
         FaultKind::LeaderCrash,
         FaultKind::Pause,
@@ -74,11 +78,15 @@ impl FaultKind {
         FaultKind::PowerLossAll,
         FaultKind::PowerLossMidWrite,
         FaultKind::ClockStepHours,
+        FaultKind::Kill,
     ];
 
     /// Kinds drawn with the first choices of a seed (the ones that existed
     /// when seeds were first recorded).
     pub const FIRST_DRAWN: usize = 13;
+    /// Kinds drawn with the later lanes; the ones after are drawn last of
+    /// all, one at a time, as they were added.
+    pub const SECOND_DRAWN: usize = 17;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -99,6 +107,7 @@ impl FaultKind {
             FaultKind::PowerLossAll => "power-loss-all",
             FaultKind::PowerLossMidWrite => "power-loss-mid-write",
             FaultKind::ClockStepHours => "clock-step-hours",
+            FaultKind::Kill => "kill",
         }
     }
 
@@ -112,6 +121,7 @@ impl FaultKind {
                 | FaultKind::PowerLossMajority
                 | FaultKind::PowerLossAll
                 | FaultKind::PowerLossMidWrite
+                | FaultKind::Kill
         )
     }
 
@@ -269,7 +279,7 @@ impl Scenario {
         if all_faults || rng.gen_bool(0.5) {
             self.snapshot_every = Some(rng.gen_range(5..=40));
         }
-        for kind in &FaultKind::ALL[FaultKind::FIRST_DRAWN..] {
+        for kind in &FaultKind::ALL[FaultKind::FIRST_DRAWN..FaultKind::SECOND_DRAWN] {
             if all_faults || rng.gen_bool(0.5) {
                 self.faults.push(*kind);
             }
@@ -281,6 +291,12 @@ impl Scenario {
         if rng.gen_bool(0.5) {
             self.retention_bytes = Some(rng.gen_range(40..=200));
         }
+        for kind in &FaultKind::ALL[FaultKind::SECOND_DRAWN..] {
+            if all_faults || rng.gen_bool(0.5) {
+                self.faults.push(*kind);
+            }
+        }
+        self.faults.sort();
         self
     }
 

@@ -216,7 +216,9 @@ pub fn html(title: &str, events: &[Event], violations: &[Violation]) -> String {
                     format!("{attack}: {}", accepted.as_deref().unwrap_or("refused")),
                 ));
             }
-            EventKind::ReplicaLog { broker, .. } | EventKind::Snapshots { broker, .. } => {
+            EventKind::ReplicaLog { broker, .. }
+            | EventKind::Snapshots { broker, .. }
+            | EventKind::LogCompacted { broker, .. } => {
                 lane(&format!("broker-{broker}"), &mut lanes);
             }
             _ => {}

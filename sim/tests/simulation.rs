@@ -153,13 +153,14 @@ fn l1_catches_partitions_that_refuse_writes_after_a_failover() {
 #[test]
 fn forged_acks_of_the_hostile_client_are_caught_once_the_fence_is_gone() {
     // With the fence, every forged ack and poll is refused (the sweeps);
-    // without it, the hostile client's acks move positions (G4).
-    let report = run_seed(0, RunOptions { all_faults: true, plant: Some(Plant::Bug(Bug::CommitWithoutFence)) });
-    assert!(
-        report.verdict.violations.iter().any(|v| v.guarantee == Guarantee::G4 && v.message.contains("hostile ack")),
-        "{:?}",
-        report.verdict.violations
-    );
+    // without it, the hostile client's acks move positions (G4). Whether a
+    // forged ack lands before the member's own depends on the run: seed 2
+    // was the first to show it when the kill lane came.
+    let caught = (0..6).find(|seed| {
+        let report = run_seed(*seed, RunOptions { all_faults: true, plant: Some(Plant::Bug(Bug::CommitWithoutFence)) });
+        report.verdict.violations.iter().any(|v| v.guarantee == Guarantee::G4 && v.message.contains("hostile ack"))
+    });
+    assert!(caught.is_some(), "no forged ack moved a position in all-fault seeds 0-5");
 }
 
 #[test]

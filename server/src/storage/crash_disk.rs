@@ -106,6 +106,18 @@ impl CrashDisk {
         Self::from_state(DiskState::with_image(image, state.lie_about_sync))
     }
 
+    /// A process kill (kill -9) rather than power loss: the page cache outlives the process,
+    /// so the new disk reads every write issued, and what was not synced is still not durable
+    /// (a later `crash` may take it). Freezes this handle, as `crash` does.
+    pub fn kill(&self) -> CrashDisk {
+        let mut state = self.lock();
+        state.frozen = true;
+        let mut after = DiskState::with_image(state.durable.clone(), state.lie_about_sync);
+        after.current = state.current.clone();
+        after.pending = state.pending.clone();
+        Self::from_state(after)
+    }
+
     /// Cuts the power: every later `StorageBackend` call on this handle fails. The control
     /// methods (`crash`, `stats`, ...) keep working.
     pub fn freeze(&self) {
@@ -550,6 +562,21 @@ mod tests {
         after.sync_data().unwrap();
     }
 
+    /// After a kill the new handle reads the unsynced overwrite, which a
+    /// later power loss can still take; the old handle is frozen.
+    #[test]
+    fn a_kill_keeps_the_page_cache_but_not_its_durability() {
+        let disk = overwrite_pending(1, 2, 16);
+        let after = disk.kill();
+        assert!(disk.is_frozen() && !after.is_frozen());
+        assert_eq!(contents(&after), vec![2; 16]);
+        let outcomes: std::collections::BTreeSet<Vec<u8>> = (0..64).map(|seed| contents(&after.crash(seed))).collect();
+        assert!(outcomes.contains(&vec![1; 16]), "a power cut after the kill can lose the unsynced write");
+        let after = overwrite_pending(1, 2, 16).kill();
+        after.sync_data().unwrap();
+        assert!((0..16).all(|seed| contents(&after.crash(seed)) == vec![2; 16]), "synced after the kill: kept");
+    }
+
     #[test]
     fn freeze_cuts_the_power_but_crash_still_works() {
         let disk = overwrite_pending(1, 2, 16);
@@ -656,6 +683,12 @@ impl CrashDir {
         CrashDir { files: Arc::new(Mutex::new(files)), lying: self.lying }
     }
 
+    /// A process kill for every segment (see [`CrashDisk::kill`]).
+    pub fn kill(&self) -> CrashDir {
+        let files = self.files().iter().map(|(id, disk)| (*id, disk.kill())).collect();
+        CrashDir { files: Arc::new(Mutex::new(files)), lying: self.lying }
+    }
+
     /// Cut the power of every segment.
     pub fn freeze(&self) {
         self.files().values().for_each(CrashDisk::freeze);
@@ -725,6 +758,11 @@ impl NodeDisk {
     /// Power loss for both parts (see [`CrashDisk::crash`]).
     pub fn crash(&self, seed: u64) -> NodeDisk {
         NodeDisk { database: self.database.crash(seed), segments: self.segments.crash(seed.rotate_left(17)) }
+    }
+
+    /// A process kill for both parts (see [`CrashDisk::kill`]).
+    pub fn kill(&self) -> NodeDisk {
+        NodeDisk { database: self.database.kill(), segments: self.segments.kill() }
     }
 
     pub fn freeze(&self) {

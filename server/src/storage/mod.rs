@@ -1,5 +1,7 @@
 //! Storage of a broker node: one redb database per node holding every
-//! group's Raft log, vote, state machine and partition records.
+//! group's vote, state machine and indexes, and one segment log holding
+//! every group's Raft log entries (and so its partition records; see
+//! `store.rs` for how the two are committed, recovered and reclaimed).
 //!
 //! Why one database per node rather than one per group: a node hosts many
 //! groups, and one database lets a single fsync make every group's pending
@@ -19,6 +21,7 @@
 
 pub mod crash_disk;
 mod ledger;
+mod log_rows;
 mod log_store;
 mod records;
 pub mod segments;

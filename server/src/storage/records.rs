@@ -184,8 +184,7 @@ pub(crate) fn delete_unused_log(
 ) -> Result<(), StoreError> {
     let Some(purged) = purged_index(txn, group)? else { return Ok(()) };
     let end = first_log_index_in_use(runs, group)?.min(purged.saturating_add(1));
-    txn.open_table(LOG)?.retain_in((group, 0)..(group, end), |_, _| false)?;
-    Ok(())
+    super::log_rows::delete_rows(txn, group, 0..end)
 }
 
 /// Records of one partition inside the writer's transaction (used by

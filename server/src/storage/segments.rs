@@ -184,15 +184,58 @@ impl StorageBackend for SegmentFile {
 /// Open segments, shared by the log and its readers.
 type Open = Arc<Mutex<BTreeMap<u64, Arc<dyn StorageBackend>>>>;
 
+/// The readers that hold a view of where frames are (a redb read
+/// transaction over `LOG` rows), by the epoch they pinned in. The owner
+/// of the log moves the epoch on after each change of what is in use
+/// (a checkpoint), and removes a segment found unused in epoch `e` only
+/// once no reader pinned before `e` remains: however long a reader holds
+/// its view, every frame that view can name is still there.
+#[derive(Debug, Default)]
+struct PinBoard {
+    epoch: u64,
+    /// Epoch -> readers pinned in it (no entry at zero).
+    pinned: BTreeMap<u64, usize>,
+}
+
+/// A reader's hold on every segment its view of the rows may name; take it
+/// before the view (the read transaction) and keep it as long as the view.
+#[derive(Debug)]
+pub struct Pin {
+    board: Arc<Mutex<PinBoard>>,
+    epoch: u64,
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let mut board = self.board.lock().expect("pin board");
+        if let Some(count) = board.pinned.get_mut(&self.epoch) {
+            *count -= 1;
+            if *count == 0 {
+                board.pinned.remove(&self.epoch);
+            }
+        }
+    }
+}
+
 /// Reads frames at their locations; cheap to clone, usable from any
 /// thread while the log appends.
 #[derive(Debug, Clone)]
 pub struct SegmentReader {
     disk: Arc<dyn SegmentDisk>,
     open: Open,
+    pins: Arc<Mutex<PinBoard>>,
 }
 
 impl SegmentReader {
+    /// Pin the segments in use now: none of them is removed while the pin
+    /// lives. Take it before reading the rows that locate frames.
+    pub fn pin(&self) -> Pin {
+        let mut board = self.pins.lock().expect("pin board");
+        let epoch = board.epoch;
+        *board.pinned.entry(epoch).or_insert(0) += 1;
+        Pin { board: self.pins.clone(), epoch }
+    }
+
     /// How many segments the log holds, and their bytes on disk.
     pub fn usage(&self) -> (u64, u64) {
         let open = self.open.lock().expect("open segments");
@@ -247,6 +290,7 @@ pub struct SegmentLog {
     /// Segments with bytes written since the last sync (a roll leaves the
     /// previous one unsynced until the next sync).
     unsynced: Vec<u64>,
+    pins: Arc<Mutex<PinBoard>>,
     poisoned: bool,
 }
 
@@ -278,7 +322,7 @@ impl SegmentLog {
             let segment = disk.open(id)?;
             if id >= from.segment {
                 let start = if id == from.segment { from.offset } else { 0 };
-                scan(segment.as_ref(), id, start, &mut visit)?;
+                scan(segment.as_ref(), id, start, u64::MAX, &mut visit)?;
                 // What the scan saw may still be only in the page cache
                 // (the process was killed before its sync): make it
                 // durable before anything relies on it.
@@ -299,6 +343,7 @@ impl SegmentLog {
             buffer: Vec::new(),
             written: 0,
             unsynced: Vec::new(),
+            pins: Arc::default(),
             poisoned: false,
         };
         log.start_segment(active, segment_bytes)?;
@@ -307,7 +352,47 @@ impl SegmentLog {
 
     /// A reader of this log's frames.
     pub fn reader(&self) -> SegmentReader {
-        SegmentReader { disk: self.disk.clone(), open: self.open.clone() }
+        SegmentReader { disk: self.disk.clone(), open: self.open.clone(), pins: self.pins.clone() }
+    }
+
+    /// Start a new pin epoch (after a change of which segments are in use
+    /// became visible to new readers); returns it.
+    pub fn next_epoch(&mut self) -> u64 {
+        let mut board = self.pins.lock().expect("pin board");
+        board.epoch += 1;
+        board.epoch
+    }
+
+    /// Whether a reader pinned before `epoch` may still read.
+    pub fn pinned_before(&self, epoch: u64) -> bool {
+        self.pins.lock().expect("pin board").pinned.first_key_value().is_some_and(|(oldest, _)| *oldest < epoch)
+    }
+
+    /// The segment appends go to.
+    pub fn active(&self) -> u64 {
+        self.active
+    }
+
+    /// Bytes segment `id` takes (its size on disk), if it is stored.
+    pub fn segment_len(&self, id: u64) -> Option<u64> {
+        let segment = self.open.lock().expect("open segments").get(&id).cloned()?;
+        segment.len().ok()
+    }
+
+    /// Visit the frames of segment `id` from `offset` on, up to about
+    /// `budget` bytes of them; returns where to go on, or `None` past the
+    /// segment's last frame.
+    pub fn scan_segment(
+        &mut self,
+        id: u64,
+        offset: u64,
+        budget: u64,
+        mut visit: impl FnMut(Location, &[u8]) -> Result<(), SegmentError>,
+    ) -> Result<Option<u64>, SegmentError> {
+        self.check()?;
+        let segment = self.segment(id)?;
+        let scanned = scan(segment.as_ref(), id, offset, budget, &mut visit);
+        self.poison_on_segment_error(scanned)
     }
 
     /// Where the next frame will go: a checkpoint taken now covers every
@@ -369,19 +454,20 @@ impl SegmentLog {
         Ok(())
     }
 
-    /// Remove the segments before `segment` (none of their frames is
-    /// needed any more).
-    pub fn remove_before(&mut self, segment: u64) -> Result<(), SegmentError> {
+    /// Remove the segments `ids` (none of their frames is needed any more,
+    /// by any reader); the active segment is never removed.
+    pub fn remove(&mut self, ids: &[u64]) -> Result<(), SegmentError> {
         self.check()?;
         // Under the lock throughout: a reader must not open a segment
         // again between its leaving the map and its file going.
         let open = self.open.clone();
         let mut open = open.lock().expect("open segments");
-        let doomed: Vec<u64> = open.range(..segment.min(self.active)).map(|(id, _)| *id).collect();
-        for id in doomed {
-            open.remove(&id);
-            let result = self.disk.remove(id);
-            self.poison_on(result)?;
+        let active = self.active;
+        for &id in ids.iter().filter(|id| **id < active) {
+            if open.remove(&id).is_some() {
+                let result = self.disk.remove(id);
+                self.poison_on(result)?;
+            }
         }
         Ok(())
     }
@@ -411,6 +497,13 @@ impl SegmentLog {
         Ok(())
     }
 
+    fn poison_on_segment_error<T>(&mut self, result: Result<T, SegmentError>) -> Result<T, SegmentError> {
+        if matches!(result, Err(SegmentError::Io(_))) {
+            self.poisoned = true;
+        }
+        result
+    }
+
     fn poison_on<T>(&mut self, result: io::Result<T>) -> Result<T, SegmentError> {
         result.map_err(|error| {
             self.poisoned = true;
@@ -419,27 +512,34 @@ impl SegmentLog {
     }
 }
 
-/// Visit the frames of one segment from `offset` to its first invalid one.
+/// Visit the frames of one segment from `offset` to its first invalid one,
+/// stopping once `budget` bytes of frames were visited; returns where the
+/// next frame starts, or `None` if the segment has no more.
 fn scan(
     segment: &dyn StorageBackend,
     id: u64,
     mut offset: u64,
+    budget: u64,
     visit: &mut impl FnMut(Location, &[u8]) -> Result<(), SegmentError>,
-) -> Result<(), SegmentError> {
+) -> Result<Option<u64>, SegmentError> {
     let len = segment.len()?;
+    let stop = offset.saturating_add(budget);
     while offset + FRAME_HEADER_BYTES <= len {
+        if offset >= stop {
+            return Ok(Some(offset));
+        }
         let mut header = [0u8; FRAME_HEADER_BYTES as usize];
         segment.read(offset, &mut header)?;
         let body_len = u64::from(u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")));
         if body_len == 0 || offset + FRAME_HEADER_BYTES + body_len > len {
-            return Ok(());
+            return Ok(None);
         }
         let location = Location { segment: id, offset, len: body_len as u32 };
-        let Ok(body) = read_frame(segment, location) else { return Ok(()) };
+        let Ok(body) = read_frame(segment, location) else { return Ok(None) };
         visit(location, &body)?;
         offset = location.end();
     }
-    Ok(())
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -497,12 +597,53 @@ mod tests {
         assert_eq!(seen, vec![(after, b"after".to_vec())]);
         let late = log.append(b"late").unwrap();
         log.sync().unwrap();
-        log.remove_before(late.segment).unwrap();
+        let older: Vec<u64> = (0..late.segment).collect();
+        log.remove(&older).unwrap();
         assert_eq!(log.segments(), vec![late.segment]);
         // Segments before the checkpoint (not scanned) went from the disk too.
         assert_eq!(dir.list().unwrap(), vec![late.segment]);
         assert!(matches!(log.reader().read(after), Err(SegmentError::Missing(_))));
         assert_eq!(log.reader().read(late).unwrap(), b"late");
+    }
+
+    #[test]
+    fn a_scan_goes_on_where_its_budget_ended() {
+        let dir = Arc::new(CrashDir::new());
+        let (mut log, _) = recovered(dir.clone(), None);
+        let bodies: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 100]).collect();
+        let locations: Vec<Location> = bodies.iter().map(|b| log.append(b).unwrap()).collect();
+        log.sync().unwrap();
+        let mut seen = Vec::new();
+        let mut from = Some(0);
+        let mut steps = 0;
+        while let Some(offset) = from {
+            from = log
+                .scan_segment(0, offset, 250, |location, body| {
+                    seen.push((location, body.to_vec()));
+                    Ok(())
+                })
+                .unwrap();
+            steps += 1;
+        }
+        assert_eq!(seen, locations.into_iter().zip(bodies).collect::<Vec<_>>());
+        assert!(steps >= 4, "{steps} steps of 250 bytes for 1,080 bytes of frames");
+    }
+
+    #[test]
+    fn pins_tell_which_epochs_readers_still_hold() {
+        let dir = Arc::new(CrashDir::new());
+        let (mut log, _) = recovered(dir, None);
+        let reader = log.reader();
+        let first = reader.pin();
+        let epoch = log.next_epoch();
+        assert!(log.pinned_before(epoch));
+        let second = reader.pin();
+        let later = log.next_epoch();
+        drop(first);
+        assert!(!log.pinned_before(epoch));
+        assert!(log.pinned_before(later));
+        drop(second);
+        assert!(!log.pinned_before(later));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use keel_core::record::StoredRecord;
 use keel_core::{Limits, Offset};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{Entry, EntryPayload, ErrorSubject, ErrorVerb, RaftSnapshotBuilder};
-use redb::{ReadableDatabase, ReadableTable};
+use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
 
 use super::log_store::io_error;
@@ -248,11 +248,14 @@ impl GroupStateMachine {
     /// records are read as of now (`view`): a newer snapshot may let them
     /// go before this one is read.
     fn deferred_file(&self, current: CurrentSnapshot) -> Result<SnapshotFile, StoreError> {
-        let view = self.store.db()?.begin_read()?;
+        // The pin keeps every segment this view's rows name until the file
+        // is written out, however late that is.
+        let (pin, view) = self.store.begin_read()?;
         let (store, group, key, lock) =
             (self.store.clone(), self.group.clone(), current.key.clone(), self.writing_out.clone());
         Ok(SnapshotFile::deferred(self.store.clone(), current.key.clone(), move || {
             let _one_at_a_time = lock.lock().expect("snapshot write-out");
+            let _segments_stay = &pin;
             let still_current = |store: &NodeStore| -> Result<bool, StoreError> {
                 let now = store.read(|txn| CurrentSnapshot::read(&txn.open_table(SNAPSHOTS)?, &group))?;
                 Ok(now.is_some_and(|now| now.key == key))

@@ -11,8 +11,16 @@
 //! vote), the transaction is committed durably with the log's position:
 //! the checkpoint. After a crash redb is back at its last checkpoint and
 //! the frames after it are replayed into `LOG`; rows whose frames were
-//! lost (never reported persisted) are deleted. Segments are removed only
-//! after a checkpoint shows that no row points into them.
+//! lost (never reported persisted) are deleted.
+//!
+//! Reclaiming space: `SEGMENT_LIVE` counts, in the rows' transaction, the
+//! bytes of live frames per segment ([`super::log_rows`]). A segment no
+//! row points into at a checkpoint is removed once every reader that
+//! pinned an older view is gone ([`super::segments::Pin`]). A segment at
+//! most half live is compacted: checkpoint by checkpoint its live frames
+//! are copied, byte for byte, to the end of the log and their rows point
+//! at the copies, so one quiet group cannot keep a busy group's dead
+//! frames on disk.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +31,8 @@ use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinitio
 use tokio::sync::{mpsc, oneshot};
 
 use super::ledger::{Ledger, MarkChange};
-use super::segments::{DirectoryDisk, Location, Position, SegmentDisk, SegmentError, SegmentLog, SegmentReader};
+use super::log_rows::{self, SEGMENT_LIVE};
+use super::segments::{DirectoryDisk, Location, Pin, Position, SegmentDisk, SegmentError, SegmentLog, SegmentReader};
 use crate::raft::types::{LogId, TypeConfig};
 
 /// Raft log entries: (group key, log index) -> postcard(LogRow), where the
@@ -51,10 +60,17 @@ const NODE: TableDefinition<&str, u64> = TableDefinition::new("node");
 /// `NODE["log_format"]` once `LOG` rows point into the segment log (older
 /// data directories held each entry in its row, and are converted once).
 const LOG_FORMAT_SEGMENTS: u64 = 2;
+/// `NODE["log_format"]` once `SEGMENT_LIVE` counts the live bytes (a
+/// format 2 directory has them counted once, from its rows).
+const LOG_FORMAT_LIVE_BYTES: u64 = 3;
 /// A checkpoint at least every this many bytes of frames...
 pub const CHECKPOINT_BYTES: u64 = 32 * 1024 * 1024;
 /// ...or this many writer batches: what a restart replays is bounded.
 pub const CHECKPOINT_BATCHES: u64 = 1024;
+/// Bytes of a segment being compacted that one checkpoint scans: twice
+/// what the log grows between checkpoints at most, so compaction keeps up
+/// with a log whose every segment ends up mostly dead.
+pub const COMPACTION_SCAN_BYTES: u64 = 2 * CHECKPOINT_BYTES;
 
 /// What the segment log holds and has done (see [`NodeStore::log_usage`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +79,10 @@ pub struct LogUsage {
     pub bytes: u64,
     pub syncs: u64,
     pub checkpoints: u64,
+    /// Bytes of frames some row points at.
+    pub live_bytes: u64,
+    /// Bytes compaction copied since the store opened.
+    pub compacted_bytes: u64,
 }
 
 /// A `LOG` row: the entry's id and where its frame is.
@@ -184,6 +204,8 @@ pub struct NodeStore {
     syncs: Arc<std::sync::atomic::AtomicU64>,
     /// Durable commits of the writer (checkpoints).
     checkpoints: Arc<std::sync::atomic::AtomicU64>,
+    /// Bytes compaction copied.
+    compacted: Arc<std::sync::atomic::AtomicU64>,
     jobs: mpsc::UnboundedSender<Job>,
     poisoned: Arc<AtomicBool>,
     ledger: Arc<Ledger>,
@@ -249,6 +271,7 @@ impl NodeStore {
         txn.open_table(SNAPSHOTS)?;
         txn.open_table(NODE)?;
         txn.open_table(SEGMENT_LOG)?;
+        txn.open_table(SEGMENT_LIVE)?;
         txn.commit()?;
         let log = recover(&db, segments, segment_bytes)?;
         let db = Arc::new(db);
@@ -258,18 +281,31 @@ impl NodeStore {
         let segments = log.reader();
         let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let checkpoints = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let compacted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         start_writer(Writer {
             syncs: syncs.clone(),
             checkpoints: checkpoints.clone(),
+            compacted: compacted.clone(),
             db: Some(db.clone()),
             log,
             since_checkpoint: (0, 0),
-            oldest_in_use: 0,
+            unused: Vec::new(),
+            compacting: None,
+            scanned: std::collections::BTreeSet::new(),
             queue,
             poisoned: poisoned.clone(),
             ledger: ledger.clone(),
         });
-        Ok(Arc::new(NodeStore { db: Mutex::new(Some(db)), segments, syncs, checkpoints, jobs, poisoned, ledger }))
+        Ok(Arc::new(NodeStore {
+            db: Mutex::new(Some(db)),
+            segments,
+            syncs,
+            checkpoints,
+            compacted,
+            jobs,
+            poisoned,
+            ledger,
+        }))
     }
 
     /// Reads frames of this node's segment log.
@@ -455,13 +491,36 @@ impl NodeStore {
         result
     }
 
-    /// Run `read` in a read transaction.
+    /// Run `read` in a read transaction (the segments its rows name stay
+    /// while it runs).
     pub(crate) fn read<T>(
         &self,
         read: impl FnOnce(&redb::ReadTransaction) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let txn = self.db()?.begin_read()?;
+        let (_pin, txn) = self.begin_read()?;
         read(&txn)
+    }
+
+    /// A read transaction and the pin that keeps every segment its `LOG`
+    /// rows name: hold both as long as frames are read through it.
+    pub(crate) fn begin_read(&self) -> Result<(Pin, redb::ReadTransaction), StoreError> {
+        let pin = self.segments.pin();
+        Ok((pin, self.db()?.begin_read()?))
+    }
+
+    /// Check that the live bytes counted per segment are what the rows say
+    /// (tests and the simulation's power-cut checks).
+    pub fn check_live_bytes(&self) -> Result<(), StoreError> {
+        self.read(|txn| {
+            let counted = log_rows::count_live_bytes(&txn.open_table(LOG)?)?;
+            let kept = log_rows::live_bytes(&txn.open_table(SEGMENT_LIVE)?)?;
+            if counted != kept {
+                return Err(StoreError::Inconsistent(format!(
+                    "live bytes per segment are kept as {kept:?}, the rows say {counted:?}"
+                )));
+            }
+            Ok(())
+        })
     }
 
     /// Report `callback` (log entries already queued) persisted after the
@@ -482,7 +541,7 @@ impl NodeStore {
         let group = group.to_string();
         self.write(false, move |txn| {
             let key = group.as_str();
-            txn.open_table(LOG)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
+            log_rows::delete_rows(txn, key, 0..u64::MAX)?;
             txn.open_table(RECORDS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
             txn.open_table(RECORD_RUNS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
             for name in ["vote", "purged", "committed"] {
@@ -512,6 +571,10 @@ impl NodeStore {
             bytes,
             syncs: self.syncs.load(Ordering::Relaxed),
             checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            live_bytes: self
+                .read(|txn| Ok(log_rows::live_bytes(&txn.open_table(SEGMENT_LIVE)?)?.values().sum()))
+                .unwrap_or(0),
+            compacted_bytes: self.compacted.load(Ordering::Relaxed),
         }
     }
 
@@ -529,13 +592,29 @@ struct Writer {
     log: SegmentLog,
     /// Frame bytes appended and batches run since the last checkpoint.
     since_checkpoint: (u64, u64),
-    /// The oldest segment a row pointed into at the last checkpoint.
-    oldest_in_use: u64,
+    /// Segments no row pointed into at a checkpoint, by the pin epoch that
+    /// began after it: removed once no reader pinned before it remains.
+    unused: Vec<(u64, Vec<u64>)>,
+    /// The segment being compacted, and where its scan goes on.
+    compacting: Option<(u64, u64)>,
+    /// Segments compaction scanned to their end: not scanned again (one
+    /// still live after its scan holds a frame that does not read back).
+    scanned: std::collections::BTreeSet<u64>,
     syncs: Arc<std::sync::atomic::AtomicU64>,
     checkpoints: Arc<std::sync::atomic::AtomicU64>,
+    compacted: Arc<std::sync::atomic::AtomicU64>,
     queue: mpsc::UnboundedReceiver<Job>,
     poisoned: Arc<AtomicBool>,
     ledger: Arc<Ledger>,
+}
+
+/// A live frame compaction copied: `group`'s row at `index` moves from
+/// `from` to `to`.
+struct Moved {
+    group: String,
+    index: u64,
+    from: Location,
+    to: LogRow,
 }
 
 /// One step of a batch's transaction, in job order.
@@ -588,13 +667,25 @@ impl Writer {
         // leaves the mark lowered.
         let mut marks = Vec::new();
         let mut open = true;
-        let mut framed: Result<(), StoreError> = Ok(());
+        // Whether this batch is a checkpoint is known before any frame is
+        // appended: compaction's copies go first, in checkpoints only.
+        durable |= jobs.iter().any(|job| matches!(job, Job::Write { durable: true, .. } | Job::Close));
+        self.since_checkpoint.1 += 1;
+        let checkpoint =
+            durable || self.since_checkpoint.0 >= CHECKPOINT_BYTES || self.since_checkpoint.1 >= CHECKPOINT_BATCHES;
+        // Copies precede the batch's own frames, and their rows move before
+        // its steps run: a replay (which sees the copies only if this
+        // batch's transaction was lost) then redoes the batch on top.
+        let (mut framed, moved) = match checkpoint {
+            true => match self.compact_step() {
+                Ok(moved) => (Ok(()), moved),
+                Err(error) => (Err(error), Vec::new()),
+            },
+            false => (Ok(()), Vec::new()),
+        };
         for job in jobs {
             match job {
-                Job::Write { op, durable: wants } => {
-                    durable |= wants;
-                    steps.push(Step::Op(op));
-                }
+                Job::Write { op, durable: _ } => steps.push(Step::Op(op)),
                 Job::Append { group, entries, committed } => {
                     let mut rows = Vec::with_capacity(entries.len());
                     for (log_id, entry) in &entries {
@@ -630,11 +721,6 @@ impl Writer {
                 Job::Close => open = false,
             }
         }
-        self.since_checkpoint.1 += 1;
-        let checkpoint = durable
-            || self.since_checkpoint.0 >= CHECKPOINT_BYTES
-            || self.since_checkpoint.1 >= CHECKPOINT_BATCHES
-            || !open;
         // Frames out (readable) before their rows commit; synced first if
         // anything must be durable.
         let logged = framed.and_then(|()| {
@@ -653,19 +739,12 @@ impl Writer {
         let mut completions = Vec::new();
         let written = logged.and_then(|()| {
             self.transaction(checkpoint, |txn| {
+                move_rows(txn, moved)?;
                 for step in steps {
                     match step {
                         Step::Op(op) => completions.push(op(txn)?),
-                        Step::Rows(group, rows) => {
-                            let mut table = txn.open_table(LOG)?;
-                            for (index, row) in rows {
-                                table.insert((group.as_str(), index), postcard::to_stdvec(&row)?.as_slice())?;
-                            }
-                        }
-                        Step::DeleteFrom(group, from) => {
-                            let group = group.as_str();
-                            txn.open_table(LOG)?.retain_in((group, from)..(group, u64::MAX), |_, _| false)?;
-                        }
+                        Step::Rows(group, rows) => log_rows::insert_rows(txn, &group, rows)?,
+                        Step::DeleteFrom(group, from) => log_rows::delete_rows(txn, &group, from..u64::MAX)?,
                     }
                 }
                 if checkpoint {
@@ -677,7 +756,13 @@ impl Writer {
         if checkpoint && written.is_ok() {
             self.since_checkpoint = (0, 0);
             self.checkpoints.fetch_add(1, Ordering::Relaxed);
-            if let Err(error) = self.remove_unused_segments() {
+            if let Err(error) = self.after_checkpoint() {
+                tracing::error!(%error, "storage failed; this node must restart");
+                self.poisoned.store(true, Ordering::SeqCst);
+            }
+        }
+        if written.is_ok() {
+            if let Err(error) = self.remove_released() {
                 tracing::error!(%error, "storage failed; this node must restart");
                 self.poisoned.store(true, Ordering::SeqCst);
             }
@@ -708,16 +793,95 @@ impl Writer {
         open
     }
 
-    /// After a checkpoint: remove the segments no `LOG` row has pointed
-    /// into at this checkpoint and the one before (a reader's transaction
-    /// from before the last one may still read them).
-    fn remove_unused_segments(&mut self) -> Result<(), StoreError> {
+    /// After a checkpoint: readers from now on see its rows (a new pin
+    /// epoch); the segments no row points into wait for the readers pinned
+    /// before to go; and if no segment is being compacted, the oldest one
+    /// at most half live is next.
+    fn after_checkpoint(&mut self) -> Result<(), StoreError> {
         let Some(db) = self.db.clone() else { return Ok(()) };
-        let oldest = oldest_segment_in_use(&db.begin_read()?)?.unwrap_or(u64::MAX);
-        let unused_before = oldest.min(self.oldest_in_use);
-        self.oldest_in_use = oldest;
-        self.log.remove_before(unused_before)?;
+        let live = log_rows::live_bytes(&db.begin_read()?.open_table(SEGMENT_LIVE)?)?;
+        let epoch = self.log.next_epoch();
+        let active = self.log.active();
+        let waiting: std::collections::BTreeSet<u64> = self.unused.iter().flat_map(|(_, ids)| ids.clone()).collect();
+        let stored: Vec<u64> = self.log.segments().into_iter().filter(|id| *id < active).collect();
+        let unused: Vec<u64> =
+            stored.iter().copied().filter(|id| !live.contains_key(id) && !waiting.contains(id)).collect();
+        if !unused.is_empty() {
+            self.unused.push((epoch, unused));
+        }
+        self.scanned.retain(|id| live.contains_key(id));
+        if self.compacting.is_none() {
+            let mostly_dead = |id: &u64| {
+                let bytes = live.get(id).copied().unwrap_or(0);
+                bytes > 0 && bytes.saturating_mul(2) <= self.log.segment_len(*id).unwrap_or(0)
+            };
+            self.compacting =
+                stored.iter().copied().find(|id| !self.scanned.contains(id) && mostly_dead(id)).map(|id| (id, 0));
+        }
         Ok(())
+    }
+
+    /// Remove the unused segments no pinned reader may still read.
+    fn remove_released(&mut self) -> Result<(), StoreError> {
+        let log = &self.log;
+        let mut released = Vec::new();
+        self.unused.retain(|(epoch, ids)| {
+            let held = log.pinned_before(*epoch);
+            if !held {
+                released.extend_from_slice(ids);
+            }
+            held
+        });
+        if !released.is_empty() {
+            self.log.remove(&released)?;
+        }
+        Ok(())
+    }
+
+    /// Copy the live frames of the next stretch ([`COMPACTION_SCAN_BYTES`])
+    /// of the segment being compacted to the end of the log, unchanged;
+    /// returns the rows to point at the copies. A frame is live if its
+    /// group's row at its index points at it.
+    fn compact_step(&mut self) -> Result<Vec<Moved>, StoreError> {
+        let (Some((segment, offset)), Some(db)) = (self.compacting, self.db.clone()) else { return Ok(Vec::new()) };
+        // Every earlier batch has committed: this view is the latest.
+        let txn = db.begin_read()?;
+        let table = txn.open_table(LOG)?;
+        let mut live: Vec<(String, LogRow)> = Vec::new();
+        let mut failed = None;
+        let next = self.log.scan_segment(segment, offset, COMPACTION_SCAN_BYTES, |at, body| {
+            let found = (|| -> Result<(), StoreError> {
+                if let Frame::Entry { group, log_id, .. } = postcard::from_bytes::<Frame<'_>>(body)? {
+                    if let Some(value) = table.get((group, log_id.index))? {
+                        let row: LogRow = postcard::from_bytes(value.value())?;
+                        if row.at == at {
+                            live.push((group.to_string(), row));
+                        }
+                    }
+                }
+                Ok(())
+            })();
+            if let Err(error) = found {
+                failed.get_or_insert(error);
+            }
+            Ok(())
+        })?;
+        if let Some(error) = failed {
+            return Err(error);
+        }
+        self.compacting = next.map(|offset| (segment, offset));
+        if next.is_none() {
+            self.scanned.insert(segment);
+        }
+        let mut moved = Vec::with_capacity(live.len());
+        for (group, row) in live {
+            let body = self.log.reader().read(row.at)?;
+            let at = self.log.append(&body)?;
+            self.since_checkpoint.0 += body.len() as u64;
+            self.compacted.fetch_add(body.len() as u64, Ordering::Relaxed);
+            moved.push(Moved { group, index: row.log_id.index, from: row.at, to: LogRow { log_id: row.log_id, at } });
+        }
+        Ok(moved)
     }
 
     /// One write transaction; a failure poisons the store.
@@ -749,6 +913,29 @@ impl Writer {
         }
         result
     }
+}
+
+/// Point the rows compaction moved at their copies (each still points
+/// where the copy was made from: only the writer changes rows).
+fn move_rows(txn: &WriteTransaction, moved: Vec<Moved>) -> Result<(), StoreError> {
+    let mut by_group: std::collections::BTreeMap<String, Vec<(u64, LogRow)>> = Default::default();
+    {
+        let table = txn.open_table(LOG)?;
+        for Moved { group, index, from, to } in moved {
+            let now: Option<LogRow> =
+                table.get((group.as_str(), index))?.map(|v| postcard::from_bytes(v.value())).transpose()?;
+            if now.map(|row| row.at) != Some(from) {
+                return Err(StoreError::Inconsistent(format!(
+                    "compaction copied {group}'s entry {index} from {from:?}, but its row now says {now:?}"
+                )));
+            }
+            by_group.entry(group).or_default().push((index, to));
+        }
+    }
+    for (group, rows) in by_group {
+        log_rows::insert_rows(txn, &group, rows)?;
+    }
+    Ok(())
 }
 
 /// The entry a `LOG` row points at, decoded straight from its frame.
@@ -784,14 +971,6 @@ fn first_rows(
     Ok(firsts)
 }
 
-/// The oldest segment a `LOG` row points into. A group's rows point into
-/// later segments as their index grows (a truncation deletes the rows
-/// above the entries that replace them), so its first row is its oldest.
-fn oldest_segment_in_use(txn: &redb::ReadTransaction) -> Result<Option<u64>, StoreError> {
-    let log = txn.open_table(LOG)?;
-    Ok(first_rows(&log)?.into_iter().map(|(_, row)| row.at.segment).min())
-}
-
 /// Open the segment log and bring `LOG` up to date with it: rows whose
 /// frames a crash took delete, frames after the checkpoint replay; then a
 /// checkpoint. A data directory of an older keel (entries in their rows)
@@ -810,41 +989,52 @@ fn recover(db: &Database, disk: Arc<dyn SegmentDisk>, segment_bytes: u64) -> Res
     })?;
     let from = checkpoint.unwrap_or(Position { segment: 0, offset: 0 });
     let txn = db.begin_write()?;
-    {
-        let mut table = txn.open_table(LOG)?;
-        if format != Some(LOG_FORMAT_SEGMENTS) {
-            // No frame is older than the conversion.
-            convert_rows(&mut table, &mut log)?;
-        } else {
-            forget_lost_and_replay(&mut table, from, &frames)?;
+    match format {
+        Some(LOG_FORMAT_LIVE_BYTES) => forget_lost_and_replay(&txn, from, &frames)?,
+        Some(LOG_FORMAT_SEGMENTS) => {
+            // Counted as of the checkpoint, then kept by the replay.
+            log_rows::rebuild(&txn)?;
+            forget_lost_and_replay(&txn, from, &frames)?;
         }
+        _ => {
+            // No frame is older than the conversion.
+            convert_rows(&mut txn.open_table(LOG)?, &mut log)?;
+            log_rows::rebuild(&txn)?;
+        }
+    }
+    {
         let mut node = txn.open_table(NODE)?;
-        node.insert("log_format", LOG_FORMAT_SEGMENTS)?;
+        node.insert("log_format", LOG_FORMAT_LIVE_BYTES)?;
         let count = node.get("flushes")?.map_or(0, |v| v.value());
         node.insert("flushes", count + 1)?;
     }
     log.sync()?;
     txn.open_table(SEGMENT_LOG)?.insert("checkpoint", postcard::to_stdvec(&log.position())?.as_slice())?;
     txn.commit()?;
-    let oldest = oldest_segment_in_use(&db.begin_read()?)?;
-    log.remove_before(oldest.unwrap_or(u64::MAX))?;
+    // Nobody reads yet: what no row points into goes now.
+    let live = log_rows::live_bytes(&db.begin_read()?.open_table(SEGMENT_LIVE)?)?;
+    let unused: Vec<u64> = log.segments().into_iter().filter(|id| !live.contains_key(id)).collect();
+    log.remove(&unused)?;
     Ok(log)
 }
 
 /// Delete the `LOG` rows past the checkpoint `from` whose frames a crash
 /// took, then replay the `frames` that follow it, in order.
 fn forget_lost_and_replay(
-    table: &mut redb::Table<'_, (&'static str, u64), &'static [u8]>,
+    txn: &WriteTransaction,
     from: Position,
     frames: &[(Location, Vec<u8>)],
 ) -> Result<(), StoreError> {
+    // Rows past the checkpoint whose frame did not survive: never reported
+    // persisted (a report waits for the sync that would have kept them).
+    // Rows past a checkpoint are only appends made after it (compaction
+    // moves rows in checkpoints only), the last of their group's indexes:
+    // so look from a group's end.
+    let survived: std::collections::BTreeSet<Location> = frames.iter().map(|(at, _)| *at).collect();
+    let mut lost = Vec::new();
     {
-        // Rows past the checkpoint whose frame did not survive: never
-        // reported persisted (a report waits for the sync that would have
-        // kept them). A group's later rows point later, so look from its end.
-        let survived: std::collections::BTreeSet<Location> = frames.iter().map(|(at, _)| *at).collect();
-        for (group, _) in first_rows(&*table)? {
-            let mut lost = Vec::new();
+        let table = txn.open_table(LOG)?;
+        for (group, _) in first_rows(&table)? {
             for row in table.range((group.as_str(), 0)..(group.as_str(), u64::MAX))?.rev() {
                 let (key, value) = row.map_err(redb::Error::from)?;
                 let row: LogRow = postcard::from_bytes(value.value())?;
@@ -852,24 +1042,21 @@ fn forget_lost_and_replay(
                     break;
                 }
                 if !survived.contains(&row.at) {
-                    lost.push(key.value().1);
+                    lost.push((group.clone(), key.value().1));
                 }
-            }
-            for index in lost {
-                table.remove((group.as_str(), index))?;
             }
         }
-        // Replay, in order, what happened after the checkpoint.
-        for (at, body) in frames {
-            match postcard::from_bytes::<Frame<'_>>(body)? {
-                Frame::Entry { group, log_id, .. } => {
-                    let row = postcard::to_stdvec(&LogRow { log_id, at: *at })?;
-                    table.insert((group, log_id.index), row.as_slice())?;
-                }
-                Frame::Truncate { group, from } => {
-                    table.retain_in((group, from)..(group, u64::MAX), |_, _| false)?;
-                }
+    }
+    for (group, index) in lost {
+        log_rows::delete_rows(txn, &group, index..index + 1)?;
+    }
+    // Replay, in order, what happened after the checkpoint.
+    for (at, body) in frames {
+        match postcard::from_bytes::<Frame<'_>>(body)? {
+            Frame::Entry { group, log_id, .. } => {
+                log_rows::insert_rows(txn, group, [(log_id.index, LogRow { log_id, at: *at })])?
             }
+            Frame::Truncate { group, from } => log_rows::delete_rows(txn, group, from..u64::MAX)?,
         }
     }
     Ok(())
@@ -983,6 +1170,112 @@ mod tests {
             let mut log = LogStore::new(store.clone(), "g".to_string());
             let entries = log.try_get_log_entries(191..=200).await.unwrap();
             assert_eq!(entries, (191..=200).map(entry).collect::<Vec<_>>());
+            store.close();
+        });
+    }
+
+    fn log_id(index: u64) -> LogId {
+        LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    /// A quiet group that appends now and then and never purges leaves a
+    /// few live frames in every segment; compaction copies them on, so the
+    /// busy group's purged frames do not stay on disk because of them.
+    #[test]
+    fn a_quiet_group_does_not_keep_a_busy_groups_dead_segments() {
+        runtime().block_on(async {
+            let disk = NodeDisk::new();
+            let store = NodeStore::open_on_disk(&disk, 4096).unwrap();
+            let mut busy = LogStore::new(store.clone(), "busy".to_string());
+            let mut quiet = LogStore::new(store.clone(), "quiet".to_string());
+            let mut most = 0;
+            for index in 1..=600u64 {
+                busy.blocking_append([entry(index)]).await.unwrap();
+                if index % 20 == 0 {
+                    quiet.blocking_append([entry(index / 20)]).await.unwrap();
+                    busy.purge(log_id(index - 10)).await.unwrap();
+                    store.flush().await.unwrap();
+                    most = most.max(disk.segments.list().unwrap().len());
+                }
+            }
+            store.flush().await.unwrap();
+            store.flush().await.unwrap();
+            store.check_live_bytes().unwrap();
+            // 30 quiet entries and 10 busy ones of about 300 bytes: three
+            // segments of 4 KiB hold them; without compaction there are 40.
+            let left = disk.segments.list().unwrap().len();
+            assert!(left <= 6, "{left} segments left (at most {most} on the way)");
+            assert!(most <= 10, "{most} segments at most on the way");
+            let kept = quiet.try_get_log_entries(1..=30).await.unwrap();
+            assert_eq!(kept, (1..=30).map(entry).collect::<Vec<_>>());
+            store.close();
+
+            // The moved rows and their counts survive a power cut.
+            let after = disk.crash(3);
+            let store = NodeStore::open_on_disk(&after, 4096).unwrap();
+            store.check_live_bytes().unwrap();
+            let mut quiet = LogStore::new(store.clone(), "quiet".to_string());
+            assert_eq!(quiet.try_get_log_entries(1..=30).await.unwrap(), (1..=30).map(entry).collect::<Vec<_>>());
+            let mut busy = LogStore::new(store.clone(), "busy".to_string());
+            assert_eq!(busy.try_get_log_entries(591..=600).await.unwrap(), (591..=600).map(entry).collect::<Vec<_>>());
+            store.close();
+        });
+    }
+
+    /// A reader holding an older view keeps the segments its rows name,
+    /// however many checkpoints pass; they go once it lets go.
+    #[test]
+    fn a_pinned_reader_keeps_the_segments_its_view_names() {
+        runtime().block_on(async {
+            let disk = NodeDisk::new();
+            let store = NodeStore::open_on_disk(&disk, 4096).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            for index in 1..=100 {
+                log.blocking_append([entry(index)]).await.unwrap();
+            }
+            let (pin, view) = store.begin_read().unwrap();
+            log.purge(log_id(95)).await.unwrap();
+            for _ in 0..4 {
+                store.flush().await.unwrap();
+            }
+            let row: LogRow =
+                postcard::from_bytes(view.open_table(LOG).unwrap().get(("g", 1)).unwrap().unwrap().value()).unwrap();
+            assert_eq!(store.read_entry(&row).unwrap(), entry(1), "the old view reads its first entry");
+            let held = disk.segments.list().unwrap().len();
+            drop((view, pin));
+            store.flush().await.unwrap();
+            let left = disk.segments.list().unwrap().len();
+            assert!(left < held && left <= 3, "{left} segments left, {held} while pinned");
+            store.close();
+        });
+    }
+
+    /// A data directory of the first segment-log format has no live byte
+    /// counts: they are counted from its rows when it opens.
+    #[test]
+    fn live_bytes_are_counted_for_a_directory_without_them() {
+        runtime().block_on(async {
+            let disk = NodeDisk::new();
+            let store = NodeStore::open_on_disk(&disk, 4096).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            for index in 1..=50 {
+                log.blocking_append([entry(index)]).await.unwrap();
+            }
+            store.flush().await.unwrap();
+            store.close();
+            {
+                let db = Database::builder().create_with_backend(disk.database.clone()).unwrap();
+                let txn = db.begin_write().unwrap();
+                txn.open_table(SEGMENT_LIVE).unwrap().retain(|_, _| false).unwrap();
+                txn.open_table(NODE).unwrap().insert("log_format", LOG_FORMAT_SEGMENTS).unwrap();
+                txn.commit().unwrap();
+            }
+            let store = NodeStore::open_on_disk(&disk, 4096).unwrap();
+            store.check_live_bytes().unwrap();
+            let live = store.read(|txn| log_rows::live_bytes(&txn.open_table(SEGMENT_LIVE)?)).unwrap();
+            assert!(!live.is_empty());
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            assert_eq!(log.try_get_log_entries(1..=50).await.unwrap(), (1..=50).map(entry).collect::<Vec<_>>());
             store.close();
         });
     }

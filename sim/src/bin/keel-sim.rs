@@ -176,6 +176,8 @@ mod cli {
         #[serde(default)]
         snapshots_installed: u64,
         #[serde(default)]
+        compacted_bytes: u64,
+        #[serde(default)]
         rejections: BTreeMap<String, u64>,
         violations: Vec<String>,
     }
@@ -193,6 +195,7 @@ mod cli {
                 faults: BTreeMap::new(),
                 snapshots_built: 0,
                 snapshots_installed: 0,
+                compacted_bytes: 0,
                 rejections: BTreeMap::new(),
                 violations: vec![violation],
             }
@@ -230,6 +233,7 @@ mod cli {
             faults: report.faults.clone(),
             snapshots_built: report.snapshots.0,
             snapshots_installed: report.snapshots.1,
+            compacted_bytes: report.compacted_bytes,
             rejections: report.rejections.clone(),
             violations: report.verdict.violations.iter().map(|v| format!("{}: {}", v.guarantee, v.message)).collect(),
         }
@@ -558,6 +562,12 @@ mod cli {
                 done.iter().map(|s| s.snapshots_built).sum::<u64>(),
                 done.iter().map(|s| s.snapshots_installed).sum::<u64>(),
                 done.iter().filter(|s| s.snapshots_installed > 0).count(),
+                done.len()
+            ),
+            format!(
+                "log compaction: {} bytes of live frames copied ({} of {} seeds compacted)",
+                done.iter().map(|s| s.compacted_bytes).sum::<u64>(),
+                done.iter().filter(|s| s.compacted_bytes > 0).count(),
                 done.len()
             ),
         ]
