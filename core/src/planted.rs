@@ -43,11 +43,14 @@ pub enum Bug {
     /// produces with an error clients do not retry: writes never come back
     /// after a failover (L1, the write probes).
     RefuseProducesAfterFailover,
+    /// A partition forgets a group (after `group delete`) but keeps its
+    /// position: a group deleted with its positions still has them (G4).
+    ForgetKeepsPositions,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 11] = [
+    pub const ALL: [Bug; 12] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -59,6 +62,7 @@ impl Bug {
         Bug::PersistedBeforeSync,
         Bug::SnapshotDropsLastRecord,
         Bug::RefuseProducesAfterFailover,
+        Bug::ForgetKeepsPositions,
     ];
 
     /// The name used on the command line.
@@ -75,6 +79,7 @@ impl Bug {
             Bug::PersistedBeforeSync => "persisted-before-sync",
             Bug::SnapshotDropsLastRecord => "snapshot-drops-last-record",
             Bug::RefuseProducesAfterFailover => "refuse-produces-after-failover",
+            Bug::ForgetKeepsPositions => "forget-keeps-positions",
         }
     }
 }

@@ -507,6 +507,10 @@ fn node_failures(events: &[Event], findings: &mut Findings) {
             }
             EventKind::DiskLost { broker, reason } => findings
                 .add(Guarantee::G1, format!("broker {broker}'s disk did not reopen after a power cut: {reason}")),
+            EventKind::GroupDeleted { group, kept, .. } if !kept.is_empty() => findings.add(
+                Guarantee::G4,
+                format!("group {group} was deleted with its positions, but these stayed: {}", kept.join(", ")),
+            ),
             EventKind::Hostile { attack, accepted: Some(answer) } => {
                 findings.add(Guarantee::Refusal, format!("a hostile request was accepted: {attack}; answer {answer}"))
             }

@@ -40,7 +40,7 @@ use madsim::time::Instant;
 
 use crate::checkers::{check, Verdict};
 use crate::history::{topic_key, trace_hash, EventKind, Recorder, Seen};
-use crate::scenario::{FaultKind, Scenario};
+use crate::scenario::{FaultKind, Scenario, TopicSpec};
 
 /// A deliberate bug, for the negative controls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +96,7 @@ impl Plant {
             Plant::Bug(Bug::PersistedBeforeSync) => G1,
             Plant::Bug(Bug::SnapshotDropsLastRecord) => G6,
             Plant::Bug(Bug::RefuseProducesAfterFailover) => L1,
+            Plant::Bug(Bug::ForgetKeepsPositions) => G4,
         }
     }
 
@@ -1360,7 +1361,32 @@ fn lane_hostile(
             };
             let generation = group.generation + u64::from(rng.gen_bool(0.3));
             let route = Route::Partition(topic.name.clone(), partition);
-            match rng.gen_range(0..4) {
+            match rng.gen_range(0..5) {
+                4 => {
+                    // A second process with a real member's id: its join
+                    // fences the first (a new member epoch), which must
+                    // then rejoin; it polls but never acknowledges (what it
+                    // reads is delivered again), then walks away.
+                    let Some(real) = real else { continue };
+                    let topics: Vec<String> = world.scenario.topics.iter().map(|t| t.name.clone()).collect();
+                    let session = world.scenario.session_timeout_ms;
+                    let outcome = match Consumer::join(client.clone(), "g", &real, topics, session).await {
+                        Ok(mut impostor) => {
+                            let mut polled = 0;
+                            for _ in 0..rng.gen_range(1..4) {
+                                if let Ok(records) = impostor.poll(10, Duration::from_millis(200)).await {
+                                    polled += records.len();
+                                }
+                            }
+                            format!("joined at epoch {}, polled {polled} records", impostor.member_epoch())
+                        }
+                        Err(error) => format!("not joined: {error}"),
+                    };
+                    world.record(
+                        process,
+                        EventKind::Operator { op: "impostor".into(), detail: format!("member {real} of g"), outcome },
+                    );
+                }
                 0 => {
                     let position = client.group_position("g", &topic.name, partition).await.ok();
                     let offset = position.map_or(0, |p| p.high_watermark.saturating_sub(1));
@@ -1484,6 +1510,8 @@ fn lane_topics(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std
                 return;
             }
             let topic = world.scenario.topics[rng.gen_range(0..world.scenario.topics.len())].clone();
+            // While producers still write to it.
+            audit_group(&world, &client, &topic).await;
             let deleted = match client.delete_topic(&topic.name).await {
                 Ok(()) => "ok".to_string(),
                 Err(error) => format!("failed: {error}"),
@@ -1513,8 +1541,113 @@ fn lane_topics(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std
                 }
             };
             record("create-topic", topic.name.clone(), created);
+            alter_topic(&world, &client, &topic, &mut rng).await;
         }
     })
+}
+
+/// The operator grows `topic` by a partition (the group reading it
+/// rebalances onto it), then asks to shrink it, which must be refused.
+async fn alter_topic(world: &World, client: &Client, topic: &TopicSpec, rng: &mut impl Rng) {
+    madsim::time::sleep(Duration::from_millis(rng.gen_range(500..3_000))).await;
+    let grow = pb::AlterTopicRequest {
+        topic: topic.name.clone(),
+        partitions: Some(topic.partitions + 1),
+        ..Default::default()
+    };
+    let grown = match client.alter_topic(grow).await {
+        Ok(described) => format!("ok: {} partitions", described.partitions.len()),
+        Err(error) => format!("failed: {error}"),
+    };
+    world.record(
+        "operator",
+        EventKind::Operator {
+            op: "alter-topic".into(),
+            detail: format!("{} to {} partitions", topic.name, topic.partitions + 1),
+            outcome: grown,
+        },
+    );
+    let Ok(now) = client.describe_topic_fresh(&topic.name).await else { return };
+    let count = now.partitions.len() as u32;
+    if count < 2 {
+        return;
+    }
+    let shrink = pb::AlterTopicRequest { topic: topic.name.clone(), partitions: Some(count - 1), ..Default::default() };
+    let accepted = client.alter_topic(shrink).await.ok().map(|d| format!("{} partitions", d.partitions.len()));
+    world.record(
+        "operator",
+        EventKind::Hostile {
+            attack: format!("alter of {} from {count} to {} partitions", topic.name, count - 1),
+            accepted,
+        },
+    );
+}
+
+/// A second group reads `topic` a little, acknowledges what it read and
+/// leaves; the operator deletes it (positions first, then the group), and
+/// no partition may still hold a position for it.
+async fn audit_group(world: &World, client: &Client, topic: &TopicSpec) {
+    const GROUP: &str = "audit";
+    let topics = vec![topic.name.clone()];
+    let Ok(mut consumer) =
+        Consumer::join(world.client(), GROUP, "auditor", topics, world.scenario.session_timeout_ms).await
+    else {
+        return;
+    };
+    let mut acked = 0u32;
+    for _ in 0..20 {
+        let Ok(deliveries) = consumer.poll(100, Duration::from_millis(300)).await else { continue };
+        let polled = consumer.last_polled().map(|(p, _)| (p.topic.clone(), p.partition));
+        if let (Some(last), Some((name, partition))) = (deliveries.last(), polled) {
+            if matches!(consumer.ack(&name, partition, last.record.offset).await, Ok(Some(_))) {
+                acked += 1;
+            }
+        }
+        if acked >= 2 {
+            break;
+        }
+    }
+    // A lost leave answer leaves the member until its session lapses: the
+    // deletion is refused until then.
+    let _ = consumer.leave().await;
+    let deadline = world.now_ms() + 30_000;
+    let deleted = loop {
+        match client.delete_group(GROUP).await {
+            Ok(positions) => break Ok(positions),
+            Err(error) if world.now_ms() >= deadline => break Err(error),
+            Err(_) => madsim::time::sleep(Duration::from_millis(500)).await,
+        }
+    };
+    let positions = match deleted {
+        Ok(positions) => positions,
+        Err(error) => {
+            world.record(
+                "operator",
+                EventKind::Operator {
+                    op: "delete-group".into(),
+                    detail: GROUP.into(),
+                    outcome: format!("gave up: {error}"),
+                },
+            );
+            return;
+        }
+    };
+    // A position still there, asked again for a while: a replica that had
+    // not applied the deletion yet catches up; a kept position stays.
+    let count = client.describe_topic_fresh(&topic.name).await.map_or(topic.partitions, |d| d.partitions.len() as u32);
+    let mut kept = Vec::new();
+    for partition in 0..count {
+        for attempt in 0..10 {
+            match client.group_position(GROUP, &topic.name, partition).await {
+                Ok(found) if found.committed && attempt == 9 => {
+                    kept.push(format!("{}/{partition} at {}", topic.name, found.position))
+                }
+                Ok(found) if found.committed => madsim::time::sleep(Duration::from_secs(1)).await,
+                _ => break,
+            }
+        }
+    }
+    world.record("operator", EventKind::GroupDeleted { group: GROUP.into(), acked, positions, kept });
 }
 
 fn all_hosts(world: &World) -> (Vec<HostId>, Vec<HostId>) {

@@ -166,6 +166,15 @@ pub enum EventKind {
         detail: String,
         outcome: String,
     },
+    /// The operator deleted `group` (after it acknowledged `acked` times and
+    /// left): `positions` were forgotten, and `kept` names the partitions
+    /// that still held a position for it afterwards (G4: none may).
+    GroupDeleted {
+        group: String,
+        acked: u32,
+        positions: u32,
+        kept: Vec<String>,
+    },
     /// A request of the hostile client that must be refused, and whether it
     /// was (`accepted` with what it got back otherwise).
     Hostile {

@@ -378,6 +378,10 @@ impl PartitionState {
 
     fn forget_group(&mut self, group: &str) -> PartitionResult {
         let group = GroupName::new(group)?;
+        #[cfg(madsim)]
+        if crate::planted::is_planted(crate::planted::Bug::ForgetKeepsPositions) {
+            return Ok(PartitionOutcome::GroupForgotten { had_position: false });
+        }
         let had_position = self.groups.remove(&group).is_some_and(|g| g.position.is_some());
         Ok(PartitionOutcome::GroupForgotten { had_position })
     }

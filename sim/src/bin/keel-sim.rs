@@ -65,6 +65,7 @@ mod cli {
         /// commit-unchecked, panic-on-bad-commit, consumer-no-order-filter,
         /// never-expire-members, batching-answers-newest,
         /// persisted-before-sync, snapshot-drops-last-record,
+        /// refuse-produces-after-failover, forget-keeps-positions,
         /// state-across-runs (caught only with --check-determinism).
         #[arg(long)]
         plant: Option<String>,
