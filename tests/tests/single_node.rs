@@ -116,7 +116,9 @@ fn prometheus_metrics_show_traffic_raft_state_and_lag() {
 fn retention_by_size_moves_the_log_start() {
     let dir = tempfile::TempDir::new().unwrap();
     let address = format!("127.0.0.1:{}", free_port());
-    let _broker = Broker::start(dir.path(), &address, &["--retention-check-interval", "200ms"]);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let _broker =
+        Broker::start(dir.path(), &address, &["--retention-check-interval", "200ms", "--metrics-listen", &metrics]);
     let created = cli_ok(&address, &["topic", "create", "kept", "--retention-bytes", "2KiB"], "");
     assert!(created.contains("2.0 KiB"), "the retention is shown: {created}");
     // 40 records of 100 bytes: 4,000 bytes, twice the limit.
@@ -148,4 +150,12 @@ fn retention_by_size_moves_the_log_start() {
     assert!(!below.status.success(), "a read below the log start is refused");
     let error = String::from_utf8_lossy(&below.stderr);
     assert!(error.contains("log start") || error.contains("out of range"), "{error}");
+    // Far fewer entries than openraft's own snapshot interval (5,000): the
+    // retention check snapshots the partition itself, so that the entries
+    // behind the log start can be purged.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while sample(&http_get(&metrics, "/metrics"), "keel_snapshots_built") < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "retention never led to a snapshot");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

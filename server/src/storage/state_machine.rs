@@ -325,10 +325,14 @@ impl GroupStateMachine {
         self.store.read(|txn| CurrentSnapshot::read(&txn.open_table(SNAPSHOTS)?, &self.group))
     }
 
-    /// The offset from which this group's current snapshot keeps records
-    /// (`None` without a snapshot, or for the metadata group).
-    pub fn snapshot_keeps_from(&self) -> Result<Option<Offset>, StoreError> {
-        Ok(self.current_snapshot()?.map(|c| Offset(c.records_from)).filter(|o| o.0 != u64::MAX))
+    /// Whether a new snapshot (of state only) would let log entries go
+    /// that hold no retained record: the log start has passed what the
+    /// current snapshot keeps, or is past offset 0 with no snapshot yet.
+    pub fn snapshot_due_for_retention(&self, log_start: Offset) -> Result<bool, StoreError> {
+        Ok(match self.current_snapshot()? {
+            Some(current) => current.records_from != u64::MAX && log_start.0 > current.records_from,
+            None => log_start.0 > 0,
+        })
     }
 
     /// A fresh key for a snapshot being received (one per stream).
