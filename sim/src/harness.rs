@@ -1190,6 +1190,24 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                         handle.restart(broker.host);
                     }
                 }
+                FaultKind::DiskFull => {
+                    let broker = &brokers[0];
+                    // The broker must stop on the failed write; nothing it
+                    // reported persisted may be missing once it restarts
+                    // from its disk (page cache intact, space freed).
+                    broker.disk_failing.store(true, Ordering::SeqCst);
+                    broker.disk.lock().expect("disk").fill();
+                    let until = world.now_ms() + duration.as_millis() as u64;
+                    while world.now_ms() < until && broker.node().is_none_or(|n| n.fatal_error().is_none()) {
+                        madsim::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    process_kill(broker);
+                    madsim::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
+                    broker.disk_failing.store(false, Ordering::SeqCst);
+                    if !broker.decommissioned.load(Ordering::SeqCst) {
+                        handle.restart(broker.host);
+                    }
+                }
                 FaultKind::Kill => {
                     let broker = &brokers[0];
                     process_kill(broker);

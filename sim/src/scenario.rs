@@ -54,13 +54,17 @@ pub enum FaultKind {
     /// cache survives, so it restarts from every write it issued, synced
     /// or not, and a later power cut may still take the unsynced ones.
     Kill,
+    /// A broker's disk fills up (ENOSPC on every write): the broker must
+    /// stop rather than go on; space is freed and it restarts from what
+    /// its disk holds.
+    DiskFull,
 }
 
 impl FaultKind {
     /// Every kind. A seed draws the first [`FaultKind::FIRST_DRAWN`] in one
     /// go and the later ones after the rest of its scenario, so that adding
     /// a kind leaves every earlier choice of every seed as it was.
-    pub const ALL: [FaultKind; 18] = [
+    pub const ALL: [FaultKind; 19] = [
         FaultKind::Crash,
         FaultKind::LeaderCrash,
         FaultKind::Pause,
@@ -79,6 +83,7 @@ impl FaultKind {
         FaultKind::PowerLossMidWrite,
         FaultKind::ClockStepHours,
         FaultKind::Kill,
+        FaultKind::DiskFull,
     ];
 
     /// Kinds drawn with the first choices of a seed (the ones that existed
@@ -108,6 +113,7 @@ impl FaultKind {
             FaultKind::PowerLossMidWrite => "power-loss-mid-write",
             FaultKind::ClockStepHours => "clock-step-hours",
             FaultKind::Kill => "kill",
+            FaultKind::DiskFull => "disk-full",
         }
     }
 
@@ -122,6 +128,7 @@ impl FaultKind {
                 | FaultKind::PowerLossAll
                 | FaultKind::PowerLossMidWrite
                 | FaultKind::Kill
+                | FaultKind::DiskFull
         )
     }
 

@@ -44,6 +44,9 @@ pub enum CrashDiskError {
     /// A length this machine cannot address.
     #[error("a disk of {len} bytes does not fit in the address space")]
     LengthOutOfRange { len: u64 },
+    /// The device is full (ENOSPC): no write or change of length succeeds.
+    #[error("no space left on the device")]
+    Full,
 }
 
 impl From<CrashDiskError> for io::Error {
@@ -52,6 +55,7 @@ impl From<CrashDiskError> for io::Error {
             CrashDiskError::Frozen => io::ErrorKind::Other,
             CrashDiskError::ReadPastEnd { .. } => io::ErrorKind::UnexpectedEof,
             CrashDiskError::OutOfRange { .. } | CrashDiskError::LengthOutOfRange { .. } => io::ErrorKind::InvalidInput,
+            CrashDiskError::Full => io::ErrorKind::StorageFull,
         };
         io::Error::new(kind, err)
     }
@@ -122,6 +126,13 @@ impl CrashDisk {
     /// methods (`crash`, `stats`, ...) keep working.
     pub fn freeze(&self) {
         self.lock().frozen = true;
+    }
+
+    /// The device fills up: from now on every write and change of length fails with ENOSPC
+    /// (reads and syncs of what was written still work). A `kill` or `crash` gives a disk
+    /// with room again (the operator freed space).
+    pub fn fill(&self) {
+        self.lock().full = true;
     }
 
     /// Whether the power is out on this handle.
@@ -240,6 +251,8 @@ struct DiskState {
     frozen: bool,
     lie_about_sync: bool,
     writes_until_power_loss: Option<u64>,
+    /// ENOSPC on every write and change of length.
+    full: bool,
     stats: CrashDiskStats,
 }
 
@@ -252,6 +265,7 @@ impl DiskState {
             frozen: false,
             lie_about_sync,
             writes_until_power_loss: None,
+            full: false,
             stats: CrashDiskStats::default(),
         }
     }
@@ -273,6 +287,9 @@ impl DiskState {
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), CrashDiskError> {
+        if self.full {
+            return Err(CrashDiskError::Full);
+        }
         let out_of_range = || CrashDiskError::OutOfRange { offset, len: data.len() };
         let start = usize::try_from(offset).map_err(|_| out_of_range())?;
         start.checked_add(data.len()).ok_or_else(out_of_range)?;
@@ -286,6 +303,9 @@ impl DiskState {
     }
 
     fn set_len(&mut self, len: u64) -> Result<(), CrashDiskError> {
+        if self.full {
+            return Err(CrashDiskError::Full);
+        }
         let len = usize::try_from(len).map_err(|_| CrashDiskError::LengthOutOfRange { len })?;
         let op = PendingOp::SetLen(len);
         op.apply(&mut self.current);
@@ -577,6 +597,27 @@ mod tests {
         assert!((0..16).all(|seed| contents(&after.crash(seed)) == vec![2; 16]), "synced after the kill: kept");
     }
 
+    /// A full device refuses writes and new segments with ENOSPC, still
+    /// reads and syncs what it holds, and a kill (space freed) writes again.
+    #[test]
+    fn a_full_disk_refuses_writes_until_space_is_freed() {
+        let dir = CrashDir::new();
+        use super::super::segments::SegmentDisk;
+        let segment = dir.create(0, 16).unwrap();
+        segment.write(0, &[7; 16]).unwrap();
+        dir.fill();
+        let full = |e: io::Error| e.kind() == io::ErrorKind::StorageFull;
+        assert!(full(segment.write(0, &[1]).unwrap_err()));
+        assert!(full(dir.create(1, 16).err().unwrap()));
+        segment.sync_data().unwrap();
+        let mut read = [0u8; 16];
+        segment.read(0, &mut read).unwrap();
+        assert_eq!(read, [7; 16]);
+        let freed = dir.kill();
+        freed.open(0).unwrap().write(0, &[1]).unwrap();
+        freed.create(1, 16).unwrap();
+    }
+
     #[test]
     fn freeze_cuts_the_power_but_crash_still_works() {
         let disk = overwrite_pending(1, 2, 16);
@@ -657,6 +698,8 @@ mod tests {
 #[derive(Debug, Clone, Default)]
 pub struct CrashDir {
     files: Arc<Mutex<std::collections::BTreeMap<u64, CrashDisk>>>,
+    /// The device is full: no segment can be created (see [`CrashDisk::fill`]).
+    full: Arc<std::sync::atomic::AtomicBool>,
     /// The planted bug of [`CrashDisk::new_lying`], for every segment.
     lying: bool,
 }
@@ -680,13 +723,19 @@ impl CrashDir {
     /// draws from `seed ^ id`.
     pub fn crash(&self, seed: u64) -> CrashDir {
         let files = self.files().iter().map(|(id, disk)| (*id, disk.crash(seed ^ id))).collect();
-        CrashDir { files: Arc::new(Mutex::new(files)), lying: self.lying }
+        CrashDir { files: Arc::new(Mutex::new(files)), lying: self.lying, full: Arc::default() }
+    }
+
+    /// The device fills up, for every segment and for segments not yet made.
+    pub fn fill(&self) {
+        self.full.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.files().values().for_each(CrashDisk::fill);
     }
 
     /// A process kill for every segment (see [`CrashDisk::kill`]).
     pub fn kill(&self) -> CrashDir {
         let files = self.files().iter().map(|(id, disk)| (*id, disk.kill())).collect();
-        CrashDir { files: Arc::new(Mutex::new(files)), lying: self.lying }
+        CrashDir { files: Arc::new(Mutex::new(files)), lying: self.lying, full: Arc::default() }
     }
 
     /// Cut the power of every segment.
@@ -707,6 +756,9 @@ impl CrashDir {
 
 impl super::segments::SegmentDisk for CrashDir {
     fn create(&self, id: u64, len: u64) -> io::Result<Arc<dyn StorageBackend>> {
+        if self.full.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(CrashDiskError::Full.into());
+        }
         let disk = CrashDisk::new();
         disk.set_len(len)?;
         disk.sync_data()?;
@@ -758,6 +810,12 @@ impl NodeDisk {
     /// Power loss for both parts (see [`CrashDisk::crash`]).
     pub fn crash(&self, seed: u64) -> NodeDisk {
         NodeDisk { database: self.database.crash(seed), segments: self.segments.crash(seed.rotate_left(17)) }
+    }
+
+    /// The device fills up (see [`CrashDisk::fill`]).
+    pub fn fill(&self) {
+        self.database.fill();
+        self.segments.fill();
     }
 
     /// A process kill for both parts (see [`CrashDisk::kill`]).
