@@ -228,7 +228,7 @@ impl NodeStore {
             Err(error) => return Err(error.into()),
         };
         let segments = DirectoryDisk::new(dir.join("log")).map_err(SegmentError::from)?;
-        Self::from_database(db, Arc::new(segments), super::segments::SEGMENT_BYTES)
+        Self::from_database(db, Arc::new(segments), super::segments::SEGMENT_BYTES, COMPACTION_SCAN_BYTES)
     }
 
     /// Open or create the store on any redb backend and segment disk (the
@@ -241,7 +241,19 @@ impl NodeStore {
         segment_bytes: u64,
     ) -> Result<Arc<NodeStore>, StoreError> {
         let db = Database::builder().set_cache_size(16 * 1024 * 1024).create_with_backend(backend)?;
-        Self::from_database(db, segments, segment_bytes)
+        Self::from_database(db, segments, segment_bytes, COMPACTION_SCAN_BYTES)
+    }
+
+    /// [`NodeStore::open_on_disk`] with compaction scanning `scan_bytes` of
+    /// a segment per checkpoint: a scan that spans checkpoints in a test.
+    #[cfg(test)]
+    fn open_on_disk_scanning(
+        disk: &super::crash_disk::NodeDisk,
+        segment_bytes: u64,
+        scan_bytes: u64,
+    ) -> Result<Arc<NodeStore>, StoreError> {
+        let db = Database::builder().set_cache_size(16 * 1024 * 1024).create_with_backend(disk.database.clone())?;
+        Self::from_database(db, Arc::new(disk.segments.clone()), segment_bytes, scan_bytes)
     }
 
     /// [`NodeStore::open_on`] a simulated broker disk (the simulation and
@@ -261,6 +273,7 @@ impl NodeStore {
         db: Database,
         segments: Arc<dyn SegmentDisk>,
         segment_bytes: u64,
+        scan_bytes: u64,
     ) -> Result<Arc<NodeStore>, StoreError> {
         let txn = db.begin_write()?;
         for table in [LOG, RECORDS, RECORD_RUNS, SNAPSHOT_CHUNKS] {
@@ -291,6 +304,7 @@ impl NodeStore {
             since_checkpoint: (0, 0),
             unused: Vec::new(),
             compacting: None,
+            scan_bytes,
             scanned: std::collections::BTreeSet::new(),
             queue,
             poisoned: poisoned.clone(),
@@ -597,6 +611,9 @@ struct Writer {
     unused: Vec<(u64, Vec<u64>)>,
     /// The segment being compacted, and where its scan goes on.
     compacting: Option<(u64, u64)>,
+    /// Bytes of it one checkpoint scans: [`COMPACTION_SCAN_BYTES`] but in
+    /// tests of a scan that spans checkpoints.
+    scan_bytes: u64,
     /// Segments compaction scanned to their end: not scanned again (one
     /// still live after its scan holds a frame that does not read back).
     scanned: std::collections::BTreeSet<u64>,
@@ -810,6 +827,11 @@ impl Writer {
             self.unused.push((epoch, unused));
         }
         self.scanned.retain(|id| live.contains_key(id));
+        // A segment whose last live frame went while its scan was under way
+        // is now unused and will be removed: its scan ends here.
+        if self.compacting.is_some_and(|(id, _)| !live.contains_key(&id)) {
+            self.compacting = None;
+        }
         if self.compacting.is_none() {
             let mostly_dead = |id: &u64| {
                 let bytes = live.get(id).copied().unwrap_or(0);
@@ -838,7 +860,7 @@ impl Writer {
         Ok(())
     }
 
-    /// Copy the live frames of the next stretch ([`COMPACTION_SCAN_BYTES`])
+    /// Copy the live frames of the next stretch (`scan_bytes`)
     /// of the segment being compacted to the end of the log, unchanged;
     /// returns the rows to point at the copies. A frame is live if its
     /// group's row at its index points at it.
@@ -849,7 +871,7 @@ impl Writer {
         let table = txn.open_table(LOG)?;
         let mut live: Vec<(String, LogRow)> = Vec::new();
         let mut failed = None;
-        let next = self.log.scan_segment(segment, offset, COMPACTION_SCAN_BYTES, |at, body| {
+        let next = self.log.scan_segment(segment, offset, self.scan_bytes, |at, body| {
             let found = (|| -> Result<(), StoreError> {
                 if let Frame::Entry { group, log_id, .. } = postcard::from_bytes::<Frame<'_>>(body)? {
                     if let Some(value) = table.get((group, log_id.index))? {
@@ -1218,6 +1240,45 @@ mod tests {
             assert_eq!(quiet.try_get_log_entries(1..=30).await.unwrap(), (1..=30).map(entry).collect::<Vec<_>>());
             let mut busy = LogStore::new(store.clone(), "busy".to_string());
             assert_eq!(busy.try_get_log_entries(591..=600).await.unwrap(), (591..=600).map(entry).collect::<Vec<_>>());
+            store.close();
+        });
+    }
+
+    /// The segment being compacted loses its last live frame halfway
+    /// through its scan (in the checkpoint that scanned its first half):
+    /// it is removed, and its scan ends instead of going on in a segment
+    /// that is gone (which would fail the store).
+    #[test]
+    fn a_scan_ends_when_its_segment_empties_halfway() {
+        runtime().block_on(async {
+            let disk = NodeDisk::new();
+            // Half a segment per checkpoint.
+            let store = NodeStore::open_on_disk_scanning(&disk, 4096, 2048).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            for index in 1..=40 {
+                log.blocking_append([entry(index)]).await.unwrap();
+            }
+            let first = *disk.segments.list().unwrap().iter().min().unwrap();
+            // The first segment is at most half live: the next checkpoint
+            // picks it for compaction.
+            log.purge(log_id(10)).await.unwrap();
+            store.flush().await.unwrap();
+            // One durable batch: its compaction step scans the first half
+            // of that segment, and it purges the segment's last live frames.
+            let purged = postcard::to_stdvec(&log_id(20)).unwrap();
+            store
+                .write(true, move |txn| {
+                    txn.open_table(RAFT_META)?.insert(("g", "purged"), purged.as_slice())?;
+                    crate::storage::records::delete_unused_log(txn, &txn.open_table(RECORD_RUNS)?, "g")
+                })
+                .await
+                .unwrap();
+            assert!(!disk.segments.list().unwrap().contains(&first), "the emptied segment is removed");
+            // The next checkpoints go on without it.
+            store.flush().await.unwrap();
+            store.flush().await.unwrap();
+            store.check_live_bytes().unwrap();
+            assert_eq!(log.try_get_log_entries(21..=40).await.unwrap(), (21..=40).map(entry).collect::<Vec<_>>());
             store.close();
         });
     }

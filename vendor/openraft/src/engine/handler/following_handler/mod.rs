@@ -307,7 +307,19 @@ where C: RaftTypeConfig
         if let Some(local) = local {
             if local != snap_last_log_id {
                 // Conflict, delete all non-committed logs.
-                self.truncate_logs(self.state.committed().next_index());
+                // keel: a restarted node counts the older of the two last
+                // membership entries in its log as committed (see
+                // `StorageHelper::get_membership`) while `committed` may be
+                // older still (it is read back from the log store, where it
+                // need not be durable). Entries up to that membership entry
+                // are committed too, so keep them: truncating below it
+                // broke `MembershipState::truncate`'s invariant (a debug
+                // assertion; keel simulation swarm seed 16).
+                let since = std::cmp::max(
+                    self.state.committed().next_index(),
+                    self.state.membership_state.committed().log_id().next_index(),
+                );
+                self.truncate_logs(since);
             }
         }
 
