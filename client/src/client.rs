@@ -96,11 +96,20 @@ pub enum ClientError {
     /// [`RetryPolicy::give_up_when_unreachable`]).
     #[error(
         "{address} is not a keel broker ({detail}); give a broker's client address (its --listen, not its \
-         metrics or internal address) with --broker"
+         metrics or internal address) with --broker, and --tls-ca if the brokers use TLS"
     )]
     NotKeel { address: String, detail: String },
     #[error("no broker addresses were given")]
     NoBrokers,
+    /// A TLS handshake failed: one side refused the other's certificate.
+    #[error(
+        "the TLS handshake with {address} failed ({reason}): check that --tls-ca names the CA that signed the \
+         brokers' certificates, and that --tls-cert is one the brokers' client CA signed and still valid"
+    )]
+    TlsRefused { address: String, reason: String },
+    /// The TLS settings given could not be used.
+    #[error("the TLS settings are unusable: {0}; check the certificate, key and CA files")]
+    Tls(String),
     /// The partition forgot this producer (its state was evicted or
     /// expired), so the outcome of the batch being sent is unknown. The
     /// producer now has a new id. `unknown` holds that batch (send it again
@@ -187,6 +196,47 @@ struct Inner {
     leaders: Mutex<BTreeMap<Route, String>>,
     /// Produce requests go on one stream per broker.
     produce_streams: crate::produce_stream::ProduceStreams,
+    /// TLS to every broker (`None`: plaintext).
+    #[cfg(not(madsim))]
+    tls: Option<tonic::transport::ClientTlsConfig>,
+}
+
+/// How a client speaks TLS to brokers (real builds only). PEM bytes.
+#[cfg(not(madsim))]
+#[derive(Clone, Debug, Default)]
+pub struct ClientTls {
+    /// The CA bundle that signed the brokers' certificates.
+    pub ca: Vec<u8>,
+    /// The certificate chain and key this client proves itself with, for
+    /// brokers that ask for one.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[cfg(not(madsim))]
+impl ClientTls {
+    /// Read PEM files: the CA bundle, and a certificate with its key.
+    pub fn from_files(
+        ca: &std::path::Path,
+        identity: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> Result<ClientTls, ClientError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| ClientError::Tls(format!("reading {}: {e}", path.display())))
+        };
+        let identity = match identity {
+            Some((cert, key)) => Some((read(cert)?, read(key)?)),
+            None => None,
+        };
+        Ok(ClientTls { ca: read(ca)?, identity })
+    }
+
+    fn config(&self) -> tonic::transport::ClientTlsConfig {
+        let config =
+            tonic::transport::ClientTlsConfig::new().ca_certificate(tonic::transport::Certificate::from_pem(&self.ca));
+        match &self.identity {
+            Some((cert, key)) => config.identity(tonic::transport::Identity::from_pem(cert, key)),
+            None => config,
+        }
+    }
 }
 
 /// What a refusing broker said to do next.
@@ -246,6 +296,23 @@ fn connect_failure(status: &Status) -> Option<String> {
     None
 }
 
+/// Why a TLS handshake failed, if that is why the request did: a
+/// certificate one side refused. Not retried: it does not heal by itself.
+fn tls_failure(status: &Status) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(error) = source {
+        let text = error.to_string();
+        if ["invalid peer certificate", "received fatal alert", "peer sent no certificates"]
+            .iter()
+            .any(|sign| text.contains(sign))
+        {
+            return Some(text);
+        }
+        source = error.source();
+    }
+    None
+}
+
 /// Whether a failed request reached something that is not a keel broker:
 /// an HTTP server without gRPC (a metrics port, say), or no HTTP/2 at all.
 fn not_keel(status: &Status) -> Option<String> {
@@ -285,8 +352,18 @@ impl Client {
                 channels: Mutex::new(BTreeMap::new()),
                 leaders: Mutex::new(BTreeMap::new()),
                 produce_streams: Default::default(),
+                #[cfg(not(madsim))]
+                tls: None,
             }),
         };
+        Ok(client)
+    }
+
+    /// A client that speaks TLS to the cluster reachable at `brokers`.
+    #[cfg(not(madsim))]
+    pub fn with_tls(brokers: Vec<String>, policy: RetryPolicy, tls: &ClientTls) -> Result<Client, ClientError> {
+        let mut client = Client::new(brokers, policy)?;
+        Arc::get_mut(&mut client.inner).expect("a new client is not shared").tls = Some(tls.config());
         Ok(client)
     }
 
@@ -295,9 +372,18 @@ impl Client {
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+        #[cfg(not(madsim))]
+        let scheme = if self.inner.tls.is_some() { "https" } else { "http" };
+        #[cfg(madsim)]
+        let scheme = "http";
+        let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
             .map_err(|e| ClientError::BadAddress { address: address.to_string(), reason: e.to_string() })?
             .connect_timeout(Duration::from_millis(1000));
+        #[cfg(not(madsim))]
+        let endpoint = match &self.inner.tls {
+            Some(tls) => endpoint.tls_config(tls.clone()).map_err(|e| ClientError::Tls(e.to_string()))?,
+            None => endpoint,
+        };
         let channel = endpoint.connect_lazy();
         channels.insert(address.to_string(), channel.clone());
         Ok(channel)
@@ -395,6 +481,9 @@ impl Client {
                 }
                 Err(status) => {
                     last = format!("{address}: {}: {}", status.code(), status.message());
+                    if let Some(reason) = tls_failure(&status) {
+                        return Err(ClientError::TlsRefused { address, reason });
+                    }
                     if policy.give_up_when_unreachable {
                         if let Some(detail) = not_keel(&status) {
                             return Err(ClientError::NotKeel { address, detail });

@@ -26,6 +26,8 @@ mod produce_stream;
 mod producer;
 
 pub use batching::{Ack, BatchingConfig, BatchingProducer, Delivered, SendError};
+#[cfg(not(madsim))]
+pub use client::ClientTls;
 pub use client::{
     Client, ClientError, RetryPolicy, Route, FENCED_METADATA, PRODUCER_LOST_METADATA, RETRY_AFTER_METADATA,
     SEQUENCE_GAP_METADATA, TOPIC_GONE_METADATA,

@@ -19,3 +19,5 @@ pub mod metrics;
 pub mod node;
 pub mod raft;
 pub mod storage;
+#[cfg(not(madsim))]
+pub mod tls;

@@ -126,6 +126,10 @@ pub struct NodeConfig {
     /// the initial voters; a broker joining a running cluster takes it from
     /// the cluster (`DescribeCluster`).
     pub cluster_id: u64,
+    /// TLS on every listener and on calls to other brokers; `None`:
+    /// plaintext (real builds only: the simulation has no TLS).
+    #[cfg(not(madsim))]
+    pub tls: Option<Arc<crate::tls::Tls>>,
 }
 
 /// The default internal address of a broker whose client address is
@@ -183,6 +187,8 @@ impl NodeConfig {
             raft,
             duty_interval: Duration::from_millis(200),
             retention_interval: Duration::from_secs(30),
+            #[cfg(not(madsim))]
+            tls: None,
         }
     }
 }
@@ -342,13 +348,17 @@ impl Node {
         let raft_config = Arc::new(config.raft.clone().validate()?);
         let identity = ClusterIdentity { cluster_id: config.cluster_id, secret: config.cluster_secret.clone() };
         #[cfg(not(madsim))]
+        let peers = Peers::new(identity.clone()).with_tls(config.tls.clone());
+        #[cfg(madsim)]
+        let peers = Peers::new(identity.clone());
+        #[cfg(not(madsim))]
         let (health, health_service) = tonic_health::server::health_reporter();
         let inner = Arc::new(NodeInner {
             config,
             raft_config,
             store: store.clone(),
             clock,
-            peers: Peers::new(identity.clone()),
+            peers,
             groups: Mutex::new(BTreeMap::new()),
             tasks: Mutex::new(Vec::new()),
             sessions: Mutex::new(GroupSessions::new()),
@@ -373,10 +383,14 @@ impl Node {
             GroupStateMachine::open(store, GroupId::Metadata.key(), initial)?.notify_on_apply(applied.clone());
         let metadata = node.start_group(GroupId::Metadata, metadata_sm).await?;
 
-        let transport =
-            RaftTransportServer::new(TransportService::new(Arc::new(Directory(Arc::downgrade(&node.inner))), identity))
-                .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
-                .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
+        let transport_service = TransportService::new(Arc::new(Directory(Arc::downgrade(&node.inner))), identity);
+        // With TLS, every peer proves the broker id it claims with its
+        // certificate.
+        #[cfg(not(madsim))]
+        let transport_service = transport_service.requiring_certified_peers(node.inner.config.tls.is_some());
+        let transport = RaftTransportServer::new(transport_service)
+            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
+            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
         // A produce request holds at most one batch; a read reply is bounded
         // by its byte budget (plus one record). Requests up to twice the
         // batch limit are decoded, so that an oversized batch is refused by
@@ -441,14 +455,57 @@ impl Node {
         Ok(node)
     }
 
+    /// This broker's TLS settings, if it uses TLS.
+    #[cfg(not(madsim))]
+    pub fn tls(&self) -> Option<Arc<crate::tls::Tls>> {
+        self.inner.config.tls.clone()
+    }
+
+    /// Read the TLS files again (`keel serve` does on SIGHUP): connections
+    /// made from now on, to and from this broker, use them. Returns whether
+    /// this broker uses TLS at all.
+    #[cfg(not(madsim))]
+    pub fn reload_tls(&self) -> Result<bool, crate::tls::TlsError> {
+        let Some(tls) = &self.inner.config.tls else { return Ok(false) };
+        tls.reload()?;
+        self.inner.peers.reconnect();
+        Ok(true)
+    }
+
     /// Serve `router` on `listen` until the node stops; a server that fails
     /// (its port is taken, say) is a fatal error of the node.
     fn serve(&self, name: &'static str, listen: SocketAddr, stop: usize, router: tonic::transport::server::Router) {
         let stop = self.inner.stop_servers[stop].clone();
         let failure = self.inner.server_failure.clone();
+        #[cfg(not(madsim))]
+        let tls = self.inner.config.tls.clone().map(|tls| {
+            let kind = if name == "internal" { crate::tls::Listener::Internal } else { crate::tls::Listener::Client };
+            (tls, kind)
+        });
         let server = tokio::spawn(async move {
             let stopped = async move { stop.notified().await };
-            if let Err(error) = router.serve_with_shutdown(listen, stopped).await {
+            #[cfg(not(madsim))]
+            let served = match tls {
+                Some((tls, kind)) => match tokio::net::TcpListener::bind(listen).await {
+                    Ok(listener) => {
+                        let mut incoming = tls.accept(listener, kind);
+                        let incoming = futures_util::stream::poll_fn(move |cx| {
+                            incoming.poll_recv(cx).map(|stream| stream.map(Ok::<_, std::io::Error>))
+                        });
+                        router.serve_with_incoming_shutdown(incoming, stopped).await
+                    }
+                    Err(error) => {
+                        let reason = format!("the {name} listener on {listen} failed: {error} (is the port taken?)");
+                        tracing::error!(%listen, "{reason}");
+                        failure.lock().expect("server failure").get_or_insert(reason);
+                        return;
+                    }
+                },
+                None => router.serve_with_shutdown(listen, stopped).await,
+            };
+            #[cfg(madsim)]
+            let served = router.serve_with_shutdown(listen, stopped).await;
+            if let Err(error) = served {
                 tracing::error!(%error, %listen, "the {name} server stopped");
                 let reason = format!("the {name} listener on {listen} failed: {error} (is the port taken?)");
                 failure.lock().expect("server failure").get_or_insert(reason);

@@ -130,6 +130,11 @@ impl Broker {
         }
     }
 
+    /// Send SIGHUP (read the TLS files again).
+    pub fn hangup(&self) {
+        signal(&self.child, rustix::process::Signal::HUP);
+    }
+
     /// Stop with SIGTERM (a graceful shutdown) and return its exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         signal(&self.child, rustix::process::Signal::TERM);

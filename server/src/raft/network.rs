@@ -120,6 +120,9 @@ pub struct Peers {
     /// Each peer's reachability as this broker's calls find it: logged
     /// when it changes, not on every failed call of every group.
     health: Arc<Mutex<BTreeMap<NodeId, PeerHealth>>>,
+    /// TLS for calls to peers (`None`: plaintext).
+    #[cfg(not(madsim))]
+    tls: Option<Arc<crate::tls::Tls>>,
 }
 
 /// One peer's reachability, for logs and metrics.
@@ -163,7 +166,22 @@ impl Peers {
             answered: Arc::default(),
             resting: Arc::default(),
             health: Arc::default(),
+            #[cfg(not(madsim))]
+            tls: None,
         }
+    }
+
+    /// Call peers over TLS with `tls`'s certificates (read anew for each
+    /// connection made: a reload reaches new connections).
+    #[cfg(not(madsim))]
+    pub fn with_tls(self, tls: Option<Arc<crate::tls::Tls>>) -> Peers {
+        Peers { tls, ..self }
+    }
+
+    /// Drop every open channel: the next call to each peer connects anew
+    /// (with reloaded certificates, say).
+    pub fn reconnect(&self) {
+        self.channels.lock().expect("peer channels").clear();
     }
 
     /// The identity this broker proves to its peers.
@@ -264,8 +282,20 @@ impl Peers {
         if let Some(channel) = channels.get(address) {
             return Ok(channel.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{address}"))
-            .map_err(|e| TransportError::BadAddress { address: address.to_string(), reason: e.to_string() })?
+        #[cfg(not(madsim))]
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        #[cfg(madsim)]
+        let scheme = "http";
+        let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| TransportError::BadAddress { address: address.to_string(), reason: e.to_string() })?;
+        #[cfg(not(madsim))]
+        let endpoint = match &self.tls {
+            Some(tls) => endpoint
+                .tls_config(tls.outgoing())
+                .map_err(|e| TransportError::BadAddress { address: address.to_string(), reason: e.to_string() })?,
+            None => endpoint,
+        };
+        let endpoint = endpoint
             .connect_timeout(Duration::from_millis(500))
             // Probe the connection, so that one left dead by a partition
             // is dropped (and the next call reconnects) within seconds.
@@ -500,11 +530,63 @@ pub trait GroupDirectory: Send + Sync + 'static {
 pub struct TransportService<D> {
     directory: Arc<D>,
     identity: ClusterIdentity,
+    /// Whether a request must come over TLS from a certificate that names
+    /// the broker it claims to be from.
+    certified_peers: bool,
 }
+
+/// The certificates a caller showed (TLS), if any.
+#[cfg(not(madsim))]
+type PeerCerts = Option<Arc<Vec<tonic::transport::CertificateDer<'static>>>>;
+#[cfg(madsim)]
+type PeerCerts = ();
+
+#[cfg(not(madsim))]
+fn peer_certs(request: &tonic::Request<RaftRequest>) -> PeerCerts {
+    request.peer_certs()
+}
+
+#[cfg(madsim)]
+fn peer_certs(_request: &tonic::Request<RaftRequest>) -> PeerCerts {}
 
 impl<D: GroupDirectory> TransportService<D> {
     pub fn new(directory: Arc<D>, identity: ClusterIdentity) -> Self {
-        TransportService { directory, identity }
+        TransportService { directory, identity, certified_peers: false }
+    }
+
+    /// Refuse requests whose TLS certificate does not name the broker they
+    /// come from (see [`crate::tls`]).
+    pub fn requiring_certified_peers(self, required: bool) -> Self {
+        TransportService { certified_peers: required, ..self }
+    }
+
+    /// Refuse a message that claims to come from broker `claimed` (`None`:
+    /// from no broker in particular) unless the caller's certificate names
+    /// that broker.
+    fn check_sender(&self, certs: &PeerCerts, claimed: Option<NodeId>) -> Result<(), tonic::Status> {
+        if !self.certified_peers {
+            return Ok(());
+        }
+        #[cfg(not(madsim))]
+        {
+            let Some(certs) = certs else {
+                return Err(tonic::Status::unauthenticated(
+                    "broker-to-broker calls need TLS with a certificate the cluster CA signed",
+                ));
+            };
+            if let Some(id) = claimed {
+                if !crate::tls::cert_names_broker(certs, id) {
+                    return Err(tonic::Status::permission_denied(format!(
+                        "the message claims to come from broker {id}, but the caller's certificate does not \
+                         name {}: give each broker a certificate naming its own id",
+                        crate::tls::broker_name(id)
+                    )));
+                }
+            }
+        }
+        #[cfg(madsim)]
+        let _ = (certs, claimed);
+        Ok(())
     }
 
     /// Refuse a request from outside the cluster.
@@ -606,17 +688,21 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         &self,
         request: tonic::Request<RaftRequest>,
     ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let certs = peer_certs(&request);
         let request = request.into_inner();
         let raft = self.group(&request)?;
-        let append = decode(&request)?;
+        let append: AppendEntriesRequest<TypeConfig> = decode(&request)?;
+        self.check_sender(&certs, append.vote.leader_id().voted_for())?;
         sane_append(&append)?;
         reply(&raft.append_entries(append).await)
     }
 
     async fn vote(&self, request: tonic::Request<RaftRequest>) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let certs = peer_certs(&request);
         let request = request.into_inner();
         let raft = self.group(&request)?;
-        let vote = decode(&request)?;
+        let vote: VoteRequest<NodeId> = decode(&request)?;
+        self.check_sender(&certs, vote.vote.leader_id().voted_for())?;
         sane_vote(&vote)?;
         reply(&raft.vote(vote).await)
     }
@@ -625,17 +711,21 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         &self,
         request: tonic::Request<RaftRequest>,
     ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let certs = peer_certs(&request);
         let request = request.into_inner();
         let raft = self.group(&request)?;
-        let chunk = decode(&request)?;
+        let chunk: InstallSnapshotRequest<TypeConfig> = decode(&request)?;
+        self.check_sender(&certs, chunk.vote.leader_id().voted_for())?;
         sane_snapshot(&chunk)?;
         reply(&raft.install_snapshot(chunk).await)
     }
 
     async fn join(&self, request: tonic::Request<RaftRequest>) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let certs = peer_certs(&request);
         let request = request.into_inner();
         self.authenticate(&request)?;
         let join: JoinRequest = decode(&request)?;
+        self.check_sender(&certs, Some(join.broker))?;
         reply(&self.directory.join(join).await)
     }
 
@@ -643,9 +733,12 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         &self,
         request: tonic::Request<RaftRequest>,
     ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let certs = peer_certs(&request);
         let request = request.into_inner();
         self.authenticate(&request)?;
         let report: MoveSettledReport = decode(&request)?;
+        // Any broker may report; the TLS handshake checked the cluster CA.
+        self.check_sender(&certs, None)?;
         reply(&self.directory.move_settled(report).await)
     }
 }

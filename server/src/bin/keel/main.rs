@@ -42,7 +42,7 @@ enum Command {
         SIGTERM or Ctrl-C shuts the broker down gracefully.\n\n\
         Examples:\n  keel serve\n  keel serve --id 1 --listen 10.0.0.1:7070 --peers 1=10.0.0.1:7170,2=10.0.0.2:7170,3=10.0.0.3:7170 \
         --cluster-secret \"$(cat secret)\"\n  keel serve --config /etc/keel.toml")]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Create, list, describe or delete topics.
     #[command(subcommand)]
     Topic(TopicCommand),
@@ -138,6 +138,25 @@ struct ServeArgs {
     #[arg(long, env = "KEEL_RETENTION_CHECK_INTERVAL", value_parser = humantime::parse_duration)]
     #[serde(skip)]
     retention_check_interval: Option<std::time::Duration>,
+    /// The broker's TLS files: `keel --tls-cert/--tls-key/--tls-ca` (or
+    /// KEEL_TLS_*), which every command shares, or these keys in the file.
+    /// With all three, every listener speaks TLS. The certificate names the
+    /// broker's host (as peers and clients reach it) and the DNS name
+    /// keel-broker-ID (its broker id). Read again on SIGHUP.
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_cert: Option<PathBuf>,
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_key: Option<PathBuf>,
+    #[arg(skip)]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_ca: Option<PathBuf>,
+    /// A CA bundle (PEM) that signs client certificates: clients must then
+    /// show one to connect [default: clients are not asked for one].
+    #[arg(long, env = "KEEL_TLS_CLIENT_CA")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls_client_ca: Option<PathBuf>,
 }
 
 /// How client commands reach the cluster and print; accepted before or
@@ -162,6 +181,17 @@ pub(crate) struct Connection {
     /// refuses the connection fails the command at once.
     #[arg(long, env = "KEEL_TIMEOUT", global = true, default_value = "30s", value_parser = humantime::parse_duration)]
     pub(crate) timeout: std::time::Duration,
+    /// Speak TLS, trusting brokers whose certificates this CA bundle (PEM)
+    /// signed. For `keel serve`: the cluster CA, which signs every broker.
+    #[arg(long, env = "KEEL_TLS_CA", global = true)]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// The certificate chain (PEM) to prove who this is with: a client's,
+    /// for brokers that ask for one; for `keel serve`, the broker's own.
+    #[arg(long, env = "KEEL_TLS_CERT", global = true, requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "KEEL_TLS_KEY", global = true, requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
 }
 
 impl Connection {
@@ -177,9 +207,22 @@ impl Connection {
         }
     }
 
-    /// A client of the brokers given.
+    /// A client of the brokers given (over TLS with --tls-ca).
     pub(crate) fn client(&self) -> anyhow::Result<Client> {
-        Ok(Client::new(self.broker.clone(), self.policy())?)
+        self.client_of(self.broker.clone())
+    }
+
+    /// A client of `brokers`, with this connection's policy and TLS.
+    pub(crate) fn client_of(&self, brokers: Vec<String>) -> anyhow::Result<Client> {
+        let Some(ca) = &self.tls_ca else {
+            if self.tls_cert.is_some() {
+                bail!("--tls-cert needs --tls-ca (the CA that signed the brokers' certificates)");
+            }
+            return Ok(Client::new(brokers, self.policy())?);
+        };
+        let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+        let tls = keel_client::ClientTls::from_files(ca, identity)?;
+        Ok(Client::with_tls(brokers, self.policy(), &tls)?)
     }
 }
 
@@ -640,7 +683,13 @@ fn explain(error: &anyhow::Error, connection: &Connection) -> String {
 
 async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
     match command {
-        Command::Serve(args) => serve(args).await,
+        Command::Serve(mut args) => {
+            // The shared TLS flags beat the file's keys.
+            args.tls_cert = connection.tls_cert.clone().or(args.tls_cert);
+            args.tls_key = connection.tls_key.clone().or(args.tls_key);
+            args.tls_ca = connection.tls_ca.clone().or(args.tls_ca);
+            serve(*args).await
+        }
         Command::Topic(command) => topic(command, connection).await,
         Command::Produce(args) => produce(args, connection).await,
         Command::Read(args) => read(args, connection).await,
@@ -711,7 +760,7 @@ async fn cluster_as_the_leader_sees_it(
     let cluster = client.describe_cluster().await?;
     let leader = cluster.brokers.iter().find(|b| b.id == cluster.metadata_leader).map(|b| b.address.clone());
     if let Some(leader) = leader {
-        if let Ok(seen) = Client::new(vec![leader], connection.policy())?.describe_cluster().await {
+        if let Ok(seen) = connection.client_of(vec![leader])?.describe_cluster().await {
             return Ok(seen);
         }
     }
@@ -854,7 +903,7 @@ async fn wait_for_move(
         let mut seen = Vec::new();
         for replica in &target {
             let view = match cluster.brokers.iter().find(|b| b.id == *replica) {
-                Some(broker) => match Client::new(vec![broker.address.clone()], connection.policy()) {
+                Some(broker) => match connection.client_of(vec![broker.address.clone()]) {
                     Ok(replica_client) => replica_client.describe_topic(topic).await.ok(),
                     Err(_) => None,
                 },
@@ -924,6 +973,8 @@ struct Settled {
     metrics_listen: Option<SocketAddr>,
     /// The secret given by flag, variable or file, if any.
     cluster_secret: Option<String>,
+    /// TLS files, if TLS is on.
+    tls: Option<keel_server::tls::TlsFiles>,
 }
 
 /// The file in the data directory that keeps the cluster secret.
@@ -1009,6 +1060,10 @@ struct Settings {
     peers: Vec<String>,
     join: Vec<String>,
     metrics_listen: Option<SocketAddr>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
+    tls_client_ca: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -1024,6 +1079,10 @@ impl Default for Settings {
             peers: Vec::new(),
             join: Vec::new(),
             metrics_listen: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            tls_client_ca: None,
         }
     }
 }
@@ -1059,7 +1118,22 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
         peers,
         join,
         metrics_listen,
+        tls_cert,
+        tls_key,
+        tls_ca,
+        tls_client_ca,
     } = layered(&args)?;
+    // The file may set any of them: the flags' own `requires` see only flags.
+    let tls = match (tls_cert, tls_key, tls_ca) {
+        (Some(cert), Some(key), Some(ca)) => {
+            Some(keel_server::tls::TlsFiles { cert, key, ca, client_ca: tls_client_ca })
+        }
+        (None, None, None) if tls_client_ca.is_none() => None,
+        _ => bail!(
+            "a TLS broker needs all of --tls-cert, --tls-key and --tls-ca (or tls-cert, tls-key and tls-ca in \
+             its file)"
+        ),
+    };
     let advertise = advertise.unwrap_or_else(|| listen.to_string());
     let internal = |config: &mut NodeConfig| -> anyhow::Result<()> {
         if let Some(listen) = internal_listen {
@@ -1080,7 +1154,7 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
         // The cluster id comes from the cluster once the broker reaches it.
         let mut config = NodeConfig::new(id, listen, advertise, BTreeMap::new());
         internal(&mut config)?;
-        return Ok(Settled { config, data_dir, join: Some(join), metrics_listen, cluster_secret });
+        return Ok(Settled { config, data_dir, join: Some(join), metrics_listen, cluster_secret, tls });
     }
     let mut config = NodeConfig::new(id, listen, advertise, BTreeMap::new());
     internal(&mut config)?;
@@ -1101,7 +1175,7 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
     }
     config.cluster_id = keel_server::node::cluster_id_of(&voters);
     config.metadata_voters = voters;
-    Ok(Settled { config, data_dir, join: None, metrics_listen, cluster_secret })
+    Ok(Settled { config, data_dir, join: None, metrics_listen, cluster_secret, tls })
 }
 
 /// How often a joining broker that does not write to a terminal says it
@@ -1154,15 +1228,28 @@ const REMOVED_STOP_AFTER: std::time::Duration = std::time::Duration::from_secs(1
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let retention_check_interval = args.retention_check_interval;
-    let Settled { mut config, data_dir, join, metrics_listen, cluster_secret: given_secret } = settle(args)?;
+    let Settled { mut config, data_dir, join, metrics_listen, cluster_secret: given_secret, tls } = settle(args)?;
     if let Some(interval) = retention_check_interval {
         config.retention_interval = interval;
+    }
+    if let Some(files) = tls.clone() {
+        config.tls = Some(keel_server::tls::Tls::load(files).context("setting up TLS")?);
+    } else {
+        warn_if_exposed(&config, metrics_listen);
     }
     let single = join.is_none() && config.metadata_voters.len() == 1;
     config.cluster_secret = cluster_secret(given_secret, &data_dir, single)?;
     let joining = match join {
         Some(join) => {
-            let cluster = Client::new(join.clone(), RetryPolicy::default())?
+            let client = match &tls {
+                Some(files) => Client::with_tls(
+                    join.clone(),
+                    RetryPolicy::default(),
+                    &keel_client::ClientTls::from_files(&files.ca, Some((&files.cert, &files.key)))?,
+                )?,
+                None => Client::new(join.clone(), RetryPolicy::default())?,
+            };
+            let cluster = client
                 .describe_cluster()
                 .await
                 .with_context(|| format!("asking {} for the cluster to join", join.join(",")))?;
@@ -1205,7 +1292,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             node.shutdown().await;
             return Err(error);
         }
-        serving.push_str(&format!("; metrics at http://{address}/metrics"));
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        serving.push_str(&format!("; metrics at {scheme}://{address}/metrics"));
+    }
+    if tls.is_some() {
+        serving.push_str("; TLS");
     }
     // Caught before "listening" is said, so a stop sent after it is seen.
     let mut signal = Interrupts::catch()?;
@@ -1214,7 +1305,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     loop {
         tokio::select! {
             biased;
-            _ = signal.recv() => break,
+            caught = signal.next() => match caught {
+                Caught::Stop => break,
+                Caught::Hangup => match node.reload_tls() {
+                    Ok(true) => tracing::warn!("SIGHUP: TLS certificates read again; new connections use them"),
+                    Ok(false) => tracing::warn!("SIGHUP: nothing to reload (TLS is off)"),
+                    Err(error) => tracing::error!(
+                        %error,
+                        "SIGHUP: the TLS files are unusable; the ones loaded before stay in use"
+                    ),
+                },
+            },
             _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {
                 if let Some(fatal) = node.fatal_error() {
                     node.shutdown().await;
@@ -1236,11 +1337,58 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Serve `GET /metrics` in the Prometheus text format until the process ends.
+/// Say loudly that a broker without TLS listens beyond this host.
+fn warn_if_exposed(config: &NodeConfig, metrics: Option<SocketAddr>) {
+    let exposed: Vec<String> = [Some(config.listen), Some(config.internal_listen), metrics]
+        .into_iter()
+        .flatten()
+        .filter(|address| !address.ip().is_loopback())
+        .map(|address| address.to_string())
+        .collect();
+    if !exposed.is_empty() {
+        let warning = format!(
+            "WARNING: listening on {} without TLS: anyone who reaches these addresses can read and change \
+             everything; give --tls-cert, --tls-key and --tls-ca",
+            exposed.join(", ")
+        );
+        tracing::warn!("{warning}");
+        eprintln!("{warning}");
+    }
+}
+
+/// The metrics endpoint's connections: TLS ones once handshaken.
+struct TlsMetricsListener {
+    incoming: tokio::sync::mpsc::Receiver<tokio_rustls::server::TlsStream<tokio::net::TcpStream>>,
+    address: SocketAddr,
+}
+
+impl axum::serve::Listener for TlsMetricsListener {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.incoming.recv().await {
+            Some(stream) => {
+                let peer = stream.get_ref().0.peer_addr().unwrap_or(self.address);
+                (stream, peer)
+            }
+            // The accept loop ended: serve nothing more.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.address)
+    }
+}
+
+/// Serve `GET /metrics` in the Prometheus text format until the process
+/// ends (over TLS when the broker has it).
 async fn serve_metrics(node: Node, address: SocketAddr) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .with_context(|| format!("binding the metrics address {address}"))?;
+    let tls = node.tls();
     let app = axum::Router::new().route(
         "/metrics",
         axum::routing::get(move |headers: axum::http::HeaderMap| {
@@ -1262,7 +1410,14 @@ async fn serve_metrics(node: Node, address: SocketAddr) -> anyhow::Result<()> {
         }),
     );
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
+        let served = match tls {
+            Some(tls) => {
+                let incoming = tls.accept(listener, keel_server::tls::Listener::Metrics);
+                axum::serve(TlsMetricsListener { incoming, address }, app).await
+            }
+            None => axum::serve(listener, app).await,
+        };
+        if let Err(error) = served {
             tracing::error!(%error, "the metrics endpoint stopped");
         }
     });
@@ -1309,6 +1464,8 @@ struct Interrupts {
     interrupt: tokio::signal::unix::Signal,
     #[cfg(unix)]
     terminate: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    hangup: tokio::signal::unix::Signal,
 }
 
 impl Interrupts {
@@ -1319,6 +1476,7 @@ impl Interrupts {
             Ok(Interrupts {
                 interrupt: signal(SignalKind::interrupt()).context("catching SIGINT")?,
                 terminate: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+                hangup: signal(SignalKind::hangup()).context("catching SIGHUP")?,
             })
         }
         #[cfg(not(unix))]
@@ -1336,6 +1494,30 @@ impl Interrupts {
         #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
     }
+
+    /// Wait for a stop (SIGINT, SIGTERM) or a SIGHUP.
+    async fn next(&mut self) -> Caught {
+        #[cfg(unix)]
+        tokio::select! {
+            biased;
+            _ = self.interrupt.recv() => Caught::Stop,
+            _ = self.terminate.recv() => Caught::Stop,
+            _ = self.hangup.recv() => Caught::Hangup,
+        }
+        #[cfg(not(unix))]
+        {
+            self.recv().await;
+            Caught::Stop
+        }
+    }
+}
+
+/// What [`Interrupts::next`] caught.
+enum Caught {
+    /// Stop the broker.
+    Stop,
+    /// Read the TLS files again.
+    Hangup,
 }
 
 /// A topic table; with `--json`, one topic is its `TopicDescription` and
@@ -1420,7 +1602,7 @@ async fn from_replicas(client: &Client, connection: &Connection, topics: &mut [p
                 let key = (replica, topic.name.clone());
                 if !views.contains_key(&key) {
                     let view = match address_of.get(&replica) {
-                        Some(address) => match Client::new(vec![address.clone()], connection.policy()) {
+                        Some(address) => match connection.client_of(vec![address.clone()]) {
                             Ok(replica_client) => replica_client.describe_topic(&topic.name).await.ok(),
                             Err(_) => None,
                         },
