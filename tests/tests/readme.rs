@@ -199,3 +199,23 @@ fn the_three_broker_walkthrough_runs_as_written() {
     brokers.sort();
     assert_eq!(brokers, [2, 3, 4], "{status}");
 }
+
+#[test]
+fn the_tls_walkthrough_runs_as_written() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let mut shell = Shell::start(dir.path());
+    let outputs = shell.run_block(&sh_block_after("### TLS"));
+    let described = output_of(&outputs, "keel topic describe payments");
+    assert!(described.contains("payments"), "{described}");
+    // Over TLS, all three replicas took the record.
+    let (status, read) = shell.run("keel read payments --partition 0 --max-records 1 --json --broker 127.0.0.1:7273");
+    let (status1, read1) = shell.run("keel read payments --partition 1 --max-records 1 --json --broker 127.0.0.1:7273");
+    let (status2, read2) = shell.run("keel read payments --partition 2 --max-records 1 --json --broker 127.0.0.1:7273");
+    assert_eq!((status, status1, status2), (0, 0, 0), "{read}{read1}{read2}");
+    assert!(format!("{read}{read1}{read2}").contains("paid"), "{read}{read1}{read2}");
+    // Without its certificate, the same client is refused, saying why.
+    let (status, refused) =
+        shell.run("env -u KEEL_TLS_CERT -u KEEL_TLS_KEY keel topic list --broker 127.0.0.1:7271 --timeout 5s");
+    assert_ne!(status, 0, "{refused}");
+    assert!(refused.contains("TLS handshake"), "{refused}");
+}

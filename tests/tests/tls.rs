@@ -344,3 +344,44 @@ async fn three_brokers_speak_mutual_tls_and_check_the_id_a_message_claims() {
     let checked = RaftTransportClient::new(as_broker_2).vote(request()).await.unwrap_err();
     assert_eq!(checked.code(), Code::InvalidArgument, "{checked:?}");
 }
+
+#[test]
+fn keel_cert_makes_what_a_cluster_needs_and_overwrites_nothing() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let run = |args: &[&str]| {
+        std::process::Command::new(keel_tests::keel_binary())
+            .arg("cert")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap()
+    };
+    let no_ca = run(&["create-broker", "1", "--host", "127.0.0.1"]);
+    assert!(!succeeded(&no_ca) && stderr(&no_ca).contains("keel cert create-ca"), "{}", stderr(&no_ca));
+    assert!(succeeded(&run(&["create-ca"])));
+    let again = run(&["create-ca"]);
+    assert!(!succeeded(&again) && stderr(&again).contains("exists"), "{}", stderr(&again));
+    assert!(succeeded(&run(&["create-broker", "1", "--host", "127.0.0.1,localhost"])));
+    assert!(succeeded(&run(&["create-client", "alice"])));
+    let certs = dir.path().join("certs");
+    #[cfg(unix)]
+    for key in ["ca.key", "broker-1.key", "client-alice.key"] {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(certs.join(key)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "{key} is readable by others: {mode:o}");
+    }
+    // A broker started on them serves a client holding the client's.
+    let address = format!("127.0.0.1:{}", free_port());
+    let (cert, key, ca) = (certs.join("broker-1.pem"), certs.join("broker-1.key"), certs.join("ca.pem"));
+    let _broker = Broker::start(
+        dir.path(),
+        &address,
+        &["--tls-cert", s(&cert), "--tls-key", s(&key), "--tls-ca", s(&ca), "--tls-client-ca", s(&ca)],
+    );
+    let (client_cert, client_key) = (certs.join("client-alice.pem"), certs.join("client-alice.key"));
+    let listed = keel(
+        &address,
+        &["--tls-ca", s(&ca), "--tls-cert", s(&client_cert), "--tls-key", s(&client_key), "topic", "list"],
+    );
+    assert!(succeeded(&listed), "{}", stderr(&listed));
+}

@@ -16,6 +16,7 @@ use keel_server::storage::NodeStore;
 use serde::{Deserialize, Serialize};
 
 mod bench;
+mod cert;
 mod format;
 
 #[derive(Parser)]
@@ -62,6 +63,14 @@ enum Command {
     /// Measure a cluster: produce or consume load, with rates and latency.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Create a certificate authority and the broker and client
+    /// certificates of a TLS cluster.
+    #[command(
+        subcommand,
+        after_help = "Example:\n  keel cert create-ca\n  \
+        keel cert create-broker 1 --host 10.0.0.1,broker1.example.com\n  keel cert create-client alice"
+    )]
+    Cert(cert::CertCommand),
     /// Print a shell completion script.
     #[command(after_help = "Examples:\n  keel completions bash > /etc/bash_completion.d/keel\n  \
         keel completions zsh > \"${fpath[1]}/_keel\"\n  keel completions fish > ~/.config/fish/completions/keel.fish")]
@@ -695,6 +704,7 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
         Command::Read(args) => read(args, connection).await,
         Command::Consume(args) => consume(args, connection).await,
         Command::Bench(command) => bench::run(command, connection).await,
+        Command::Cert(command) => cert::run(command),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "keel", &mut std::io::stdout());
