@@ -385,3 +385,69 @@ fn keel_cert_makes_what_a_cluster_needs_and_overwrites_nothing() {
     );
     assert!(succeeded(&listed), "{}", stderr(&listed));
 }
+
+/// `keel profile`: TLS settings and brokers given once, used by every
+/// later command; flags still win.
+#[test]
+fn a_profile_carries_the_brokers_and_tls_files_to_every_command() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    let ca_authority = Authority::new("keel cluster CA");
+    let ca = write(&pki, "ca.pem", &ca_authority.pem);
+    let (cert, key) = write_pair(&pki, "broker", &issue_broker(&ca_authority, 1));
+    let (client_cert, client_key) = write_pair(&pki, "alice", &ca_authority.issue(&["alice"], false));
+    let address = format!("127.0.0.1:{}", free_port());
+    let _broker = Broker::start(
+        dir.path(),
+        &address,
+        &["--tls-cert", s(&cert), "--tls-key", s(&key), "--tls-ca", s(&ca), "--tls-client-ca", s(&ca)],
+    );
+    let profiles = dir.path().join("profiles.toml");
+    let keel = |args: &[&str]| {
+        std::process::Command::new(keel_tests::keel_binary())
+            .args(args)
+            .env("KEEL_PROFILES", &profiles)
+            .env_remove("KEEL_BROKER")
+            .env_remove("KEEL_TLS_CA")
+            .env_remove("KEEL_TLS_CERT")
+            .env_remove("KEEL_TLS_KEY")
+            .output()
+            .unwrap()
+    };
+    // Without a profile, the default broker and no TLS: nothing there.
+    assert!(!succeeded(&keel(&["topic", "list", "--timeout", "2s"])));
+    let created = keel(&[
+        "profile",
+        "create",
+        "secure",
+        "--broker",
+        &address,
+        "--tls-ca",
+        s(&ca),
+        "--tls-cert",
+        s(&client_cert),
+        "--tls-key",
+        s(&client_key),
+        "--timeout",
+        "5s",
+    ]);
+    assert!(succeeded(&created), "{}", stderr(&created));
+    // Every command now uses it, from any directory.
+    let made = keel(&["topic", "create", "profiled", "--partitions", "1"]);
+    assert!(succeeded(&made), "{}", stderr(&made));
+    let listed = keel(&["topic", "list"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("profiled"), "{}", stderr(&listed));
+    let shown = keel(&["profile", "list"]);
+    let shown = String::from_utf8_lossy(&shown.stdout).into_owned();
+    assert!(shown.lines().any(|l| l.starts_with('*') && l.contains("secure") && l.contains(&address)), "{shown}");
+    // A flag wins over the profile: here, a broker that is not there.
+    let elsewhere = format!("127.0.0.1:{}", free_port());
+    assert!(!succeeded(&keel(&["topic", "list", "--broker", &elsewhere, "--timeout", "2s"])));
+    // Naming a profile that does not exist says so.
+    let unknown = keel(&["topic", "list", "--profile", "nope"]);
+    assert!(!succeeded(&unknown) && stderr(&unknown).contains("no profile \"nope\""), "{}", stderr(&unknown));
+    // Deleted, it is no longer used.
+    assert!(succeeded(&keel(&["profile", "delete", "secure"])));
+    assert!(!succeeded(&keel(&["topic", "list", "--broker", &address, "--timeout", "2s"])));
+}

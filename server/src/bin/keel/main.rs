@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 mod bench;
 mod cert;
 mod format;
+mod profile;
 
 #[derive(Parser)]
 #[command(
@@ -63,6 +64,13 @@ enum Command {
     /// Measure a cluster: produce or consume load, with rates and latency.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Save, choose and list connection profiles (brokers and TLS files).
+    #[command(
+        subcommand,
+        after_help = "Example:\n  keel profile create prod --broker 10.0.0.1:7070 --tls-ca certs/ca.pem \
+        --tls-cert certs/client-admin.pem --tls-key certs/client-admin.key\n  keel topic list   # uses prod"
+    )]
+    Profile(profile::ProfileCommand),
     /// Create a certificate authority and the broker and client
     /// certificates of a TLS cluster.
     #[command(
@@ -173,23 +181,22 @@ struct ServeArgs {
 #[derive(Args)]
 pub(crate) struct Connection {
     /// Brokers of the cluster, by their client addresses (host:port,
-    /// comma-separated); the others are discovered.
-    #[arg(
-        long,
-        env = "KEEL_BROKER",
-        default_value = "127.0.0.1:7070",
-        global = true,
-        value_delimiter = ',',
-        value_parser = parse_broker_address
-    )]
+    /// comma-separated); the others are discovered [default: the
+    /// profile's, else 127.0.0.1:7070].
+    #[arg(long, env = "KEEL_BROKER", global = true, value_delimiter = ',', value_parser = parse_broker_address)]
     pub(crate) broker: Vec<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     pub(crate) json: bool,
     /// Give up on a request after this long (e.g. 5s, 1m); a broker that
-    /// refuses the connection fails the command at once.
-    #[arg(long, env = "KEEL_TIMEOUT", global = true, default_value = "30s", value_parser = humantime::parse_duration)]
-    pub(crate) timeout: std::time::Duration,
+    /// refuses the connection fails the command at once [default: the
+    /// profile's, else 30s].
+    #[arg(long, env = "KEEL_TIMEOUT", global = true, value_parser = humantime::parse_duration)]
+    pub(crate) timeout: Option<std::time::Duration>,
+    /// Take what other connection flags are not given from this profile
+    /// (see keel profile) [default: the one keel profile use chose].
+    #[arg(long, env = "KEEL_PROFILE", global = true)]
+    pub(crate) profile: Option<String>,
     /// Speak TLS, trusting brokers whose certificates this CA bundle (PEM)
     /// signed. For `keel serve`: the cluster CA, which signs every broker.
     #[arg(long, env = "KEEL_TLS_CA", global = true)]
@@ -203,14 +210,20 @@ pub(crate) struct Connection {
     pub(crate) tls_key: Option<PathBuf>,
 }
 
+/// The broker a client command asks when neither a flag nor a profile names one.
+pub(crate) const DEFAULT_BROKER: &str = "127.0.0.1:7070";
+/// How long a client command tries when neither a flag nor a profile says.
+const DEFAULT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl Connection {
     /// The retry policy of a command-line client: up to `--timeout`, and
     /// no waiting on a cluster that cannot be reached at all.
     pub(crate) fn policy(&self) -> RetryPolicy {
         let defaults = RetryPolicy::default();
+        let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         RetryPolicy {
-            deadline: self.timeout,
-            request_timeout: defaults.request_timeout.min(self.timeout),
+            deadline: timeout,
+            request_timeout: defaults.request_timeout.min(timeout),
             give_up_when_unreachable: true,
             ..defaults
         }
@@ -658,7 +671,19 @@ enum ClusterCommand {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    // Client commands fill what they were not given from the profile in
+    // use; a broker never takes a user's profile.
+    let takes_profile = !matches!(
+        cli.command,
+        Command::Serve(_) | Command::Profile(_) | Command::Cert(_) | Command::Completions { .. } | Command::Man
+    );
+    if takes_profile {
+        if let Err(error) = profile::apply(&mut cli.connection) {
+            eprintln!("error: {error:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
     if let Err(error) = start_logging(&cli.logging) {
         eprintln!("error: {error:#}");
         return std::process::ExitCode::FAILURE;
@@ -705,6 +730,7 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
         Command::Consume(args) => consume(args, connection).await,
         Command::Bench(command) => bench::run(command, connection).await,
         Command::Cert(command) => cert::run(command),
+        Command::Profile(command) => profile::run(command, connection, connection.json),
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "keel", &mut std::io::stdout());
