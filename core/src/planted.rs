@@ -46,11 +46,15 @@ pub enum Bug {
     /// A partition forgets a group (after `group delete`) but keeps its
     /// position: a group deleted with its positions still has them (G4).
     ForgetKeepsPositions,
+    /// The node's store takes a failed write (a full disk, an I/O error)
+    /// as done: it neither stops nor withholds its reports, so entries it
+    /// never wrote are reported persisted (G1 at the kill that follows).
+    WriteErrorsIgnored,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 12] = [
+    pub const ALL: [Bug; 13] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -63,6 +67,7 @@ impl Bug {
         Bug::SnapshotDropsLastRecord,
         Bug::RefuseProducesAfterFailover,
         Bug::ForgetKeepsPositions,
+        Bug::WriteErrorsIgnored,
     ];
 
     /// The name used on the command line.
@@ -80,6 +85,7 @@ impl Bug {
             Bug::SnapshotDropsLastRecord => "snapshot-drops-last-record",
             Bug::RefuseProducesAfterFailover => "refuse-produces-after-failover",
             Bug::ForgetKeepsPositions => "forget-keeps-positions",
+            Bug::WriteErrorsIgnored => "write-errors-ignored",
         }
     }
 }

@@ -519,6 +519,14 @@ fn node_failures(events: &[Event], findings: &mut Findings) {
                     findings.add(Guarantee::G1, format!("broker {broker} lost an entry it reported persisted: {lost}"));
                 }
             }
+            EventKind::Killed { broker, lost, .. } => {
+                for lost in lost {
+                    findings.add(
+                        Guarantee::G1,
+                        format!("broker {broker}, killed after its disk filled, never wrote an entry it reported persisted: {lost}"),
+                    );
+                }
+            }
             _ => {}
         }
     }

@@ -97,6 +97,7 @@ impl Plant {
             Plant::Bug(Bug::SnapshotDropsLastRecord) => G6,
             Plant::Bug(Bug::RefuseProducesAfterFailover) => L1,
             Plant::Bug(Bug::ForgetKeepsPositions) => G4,
+            Plant::Bug(Bug::WriteErrorsIgnored) => G1,
         }
     }
 
@@ -111,6 +112,7 @@ impl Plant {
             Plant::Bug(Bug::PersistedBeforeSync) => &[FaultKind::Crash, FaultKind::PowerLossMidWrite],
             Plant::Bug(Bug::SnapshotDropsLastRecord) => &[FaultKind::PartitionMinority, FaultKind::Crash],
             Plant::Bug(Bug::RefuseProducesAfterFailover) => &[FaultKind::LeaderCrash],
+            Plant::Bug(Bug::WriteErrorsIgnored) => &[FaultKind::DiskFull],
             Plant::Bug(_) | Plant::StateAcrossRuns => &[],
         }
     }
@@ -1062,20 +1064,41 @@ fn power_cut(world: &World, broker: &SimBroker, seed: u64) {
     }
 }
 
+/// kill -9, then check that what the process had written (page cache
+/// included) holds every entry it reported persisted (G1 at the kill: a
+/// store that reports what it never wrote). A restart that trusts
+/// unsynced bytes shows only at a later power cut.
+fn kill_and_check(world: &World, broker: &SimBroker) {
+    let marks = broker.store.lock().expect("store slot").as_ref().map(|s| s.ledger().persisted_marks());
+    let written = process_kill(broker);
+    if let Some(marks) = marks {
+        let lost = persisted_but_lost(written, &marks);
+        world.record(
+            &format!("broker-{}", broker.id),
+            EventKind::Killed { broker: broker.id, groups: marks.len() as u64, lost },
+        );
+    }
+}
+
 /// kill -9: the process dies and the page cache keeps every write it
-/// issued, synced or not; the broker restarts from that. Nothing is lost
-/// yet, so nothing is checked here: a restart that trusts unsynced bytes
-/// shows at a later power cut.
-fn process_kill(broker: &SimBroker) {
-    {
+/// issued, synced or not; the broker restarts from that. Returns a copy of
+/// what the process had written (page cache included),
+/// to inspect.
+fn process_kill(broker: &SimBroker) -> NodeDisk {
+    let written = {
         let mut disk = broker.disk.lock().expect("disk");
         // Freezes the old handles: the dying process's destructors cannot
         // write (madsim's kill runs them).
-        *disk = disk.kill();
-    }
+        let killed = disk.kill();
+        // A frozen handle still copies: one copy to restart from, one to
+        // inspect.
+        *disk = killed.kill();
+        killed.kill()
+    };
     broker.store.lock().expect("store slot").take();
     Handle::current().kill(broker.host);
     *broker.node.lock().expect("node slot") = None;
+    written
 }
 
 /// The groups whose entry the broker reported persisted is not in its
@@ -1201,7 +1224,9 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                     while world.now_ms() < until && broker.node().is_none_or(|n| n.fatal_error().is_none()) {
                         madsim::time::sleep(Duration::from_millis(10)).await;
                     }
-                    process_kill(broker);
+                    // A store that went on past the failed write reports
+                    // entries it never wrote.
+                    kill_and_check(&world, broker);
                     madsim::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
                     broker.disk_failing.store(false, Ordering::SeqCst);
                     if !broker.decommissioned.load(Ordering::SeqCst) {
@@ -1210,7 +1235,7 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                 }
                 FaultKind::Kill => {
                     let broker = &brokers[0];
-                    process_kill(broker);
+                    kill_and_check(&world, broker);
                     madsim::time::sleep(duration).await;
                     if !broker.decommissioned.load(Ordering::SeqCst) {
                         handle.restart(broker.host);

@@ -134,6 +134,14 @@ pub enum EventKind {
         groups: u64,
         lost: Vec<String>,
     },
+    /// A broker's process was killed (kill -9, page cache kept; also after
+    /// its disk filled): `groups` persisted marks were checked against what it
+    /// had written, and `lost` says which ones that lacked (G1).
+    Killed {
+        broker: u64,
+        groups: u64,
+        lost: Vec<String>,
+    },
     /// Raft snapshots a broker built and installed so far in this
     /// incarnation (sampled when they change).
     Snapshots {

@@ -186,6 +186,12 @@ pub fn html(title: &str, events: &[Event], violations: &[Violation]) -> String {
                 let class = if lost.is_empty() { "cut" } else { "cut bad" };
                 marks.push((name, at, class, format!("power cut: {groups} persisted marks checked; lost: {lost:?}")));
             }
+            EventKind::Killed { broker, groups, lost } => {
+                let name = format!("broker-{broker}");
+                lane(&name, &mut lanes);
+                let class = if lost.is_empty() { "cut" } else { "cut bad" };
+                marks.push((name, at, class, format!("killed: {groups} persisted marks checked; lost: {lost:?}")));
+            }
             EventKind::NodeFailure { broker, reason } => {
                 let name = format!("broker-{broker}");
                 lane(&name, &mut lanes);

@@ -302,3 +302,11 @@ fn the_retention_lane_moves_log_starts_and_every_guarantee_holds() {
         .any(|e| matches!(&e.kind, keel_sim::history::EventKind::ReplicaLog { log_start, .. } if *log_start > 0));
     assert!(moved, "no replica's log start moved");
 }
+
+#[test]
+fn g1_at_the_kill_catches_a_store_that_goes_on_past_a_failed_write() {
+    // The disk-full lane: a broker must stop on the failed write; one that
+    // takes it as done reports entries it never wrote, which the check at
+    // the kill that follows finds.
+    caught_within(Plant::Bug(Bug::WriteErrorsIgnored), 3);
+}

@@ -749,6 +749,7 @@ impl Writer {
             }
             Ok(())
         });
+        let logged = planted_ignore(logged);
         if logged.is_err() {
             self.poisoned.store(true, Ordering::SeqCst);
         }
@@ -929,12 +930,26 @@ impl Writer {
             txn.commit()?;
             Ok(())
         })();
+        let result = planted_ignore(result);
         if let Err(error) = &result {
             tracing::error!(%error, "storage failed; this node must restart");
             self.poisoned.store(true, Ordering::SeqCst);
         }
         result
     }
+}
+
+/// The planted bug `WriteErrorsIgnored` (simulation only): a failed write
+/// taken as done.
+fn planted_ignore(result: Result<(), StoreError>) -> Result<(), StoreError> {
+    #[cfg(madsim)]
+    if let Err(error) = &result {
+        if keel_core::planted::is_planted(keel_core::planted::Bug::WriteErrorsIgnored) {
+            tracing::error!(%error, "planted bug: a failed write is taken as done");
+            return Ok(());
+        }
+    }
+    result
 }
 
 /// Point the rows compaction moved at their copies (each still points
