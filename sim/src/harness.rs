@@ -1233,6 +1233,25 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                         handle.restart(broker.host);
                     }
                 }
+                FaultKind::DiskFailure => {
+                    let broker = &brokers[0];
+                    // The broker must stop on the failed write or fsync;
+                    // what it had not synced is gone (the failed fsync
+                    // forgot it), so it restarts from its durable image,
+                    // checked against what it reported persisted.
+                    broker.disk_failing.store(true, Ordering::SeqCst);
+                    broker.disk.lock().expect("disk").fail();
+                    let until = world.now_ms() + duration.as_millis() as u64;
+                    while world.now_ms() < until && broker.node().is_none_or(|n| n.fatal_error().is_none()) {
+                        madsim::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    power_cut(&world, broker, rng.gen());
+                    madsim::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
+                    broker.disk_failing.store(false, Ordering::SeqCst);
+                    if !broker.decommissioned.load(Ordering::SeqCst) {
+                        handle.restart(broker.host);
+                    }
+                }
                 FaultKind::Kill => {
                     let broker = &brokers[0];
                     kill_and_check(&world, broker);

@@ -58,13 +58,17 @@ pub enum FaultKind {
     /// stop rather than go on; space is freed and it restarts from what
     /// its disk holds.
     DiskFull,
+    /// A broker's disk fails (EIO on every write and fsync; a failed fsync
+    /// forgets what it was to make durable): the broker must stop; it
+    /// restarts from what its disk made durable, as after a power cut.
+    DiskFailure,
 }
 
 impl FaultKind {
     /// Every kind. A seed draws the first [`FaultKind::FIRST_DRAWN`] in one
     /// go and the later ones after the rest of its scenario, so that adding
     /// a kind leaves every earlier choice of every seed as it was.
-    pub const ALL: [FaultKind; 19] = [
+    pub const ALL: [FaultKind; 20] = [
         FaultKind::Crash,
         FaultKind::LeaderCrash,
         FaultKind::Pause,
@@ -84,6 +88,7 @@ impl FaultKind {
         FaultKind::ClockStepHours,
         FaultKind::Kill,
         FaultKind::DiskFull,
+        FaultKind::DiskFailure,
     ];
 
     /// Kinds drawn with the first choices of a seed (the ones that existed
@@ -114,6 +119,7 @@ impl FaultKind {
             FaultKind::ClockStepHours => "clock-step-hours",
             FaultKind::Kill => "kill",
             FaultKind::DiskFull => "disk-full",
+            FaultKind::DiskFailure => "disk-failure",
         }
     }
 
@@ -129,6 +135,7 @@ impl FaultKind {
                 | FaultKind::PowerLossMidWrite
                 | FaultKind::Kill
                 | FaultKind::DiskFull
+                | FaultKind::DiskFailure
         )
     }
 

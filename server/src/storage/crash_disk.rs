@@ -47,6 +47,9 @@ pub enum CrashDiskError {
     /// The device is full (ENOSPC): no write or change of length succeeds.
     #[error("no space left on the device")]
     Full,
+    /// The device fails (EIO): no write, change of length or sync succeeds.
+    #[error("input/output error: the device failed")]
+    Failed,
 }
 
 impl From<CrashDiskError> for io::Error {
@@ -56,6 +59,7 @@ impl From<CrashDiskError> for io::Error {
             CrashDiskError::ReadPastEnd { .. } => io::ErrorKind::UnexpectedEof,
             CrashDiskError::OutOfRange { .. } | CrashDiskError::LengthOutOfRange { .. } => io::ErrorKind::InvalidInput,
             CrashDiskError::Full => io::ErrorKind::StorageFull,
+            CrashDiskError::Failed => io::ErrorKind::Other,
         };
         io::Error::new(kind, err)
     }
@@ -135,6 +139,13 @@ impl CrashDisk {
         self.lock().full = true;
     }
 
+    /// The device fails: from now on every write, change of length and sync fails with EIO,
+    /// and a failed sync forgets what it was to make durable (as Linux's page cache does
+    /// after a failed fsync). A `kill` or `crash` gives a working disk again.
+    pub fn fail(&self) {
+        self.lock().failing = true;
+    }
+
     /// Whether the power is out on this handle.
     pub fn is_frozen(&self) -> bool {
         self.lock().frozen
@@ -202,8 +213,7 @@ impl StorageBackend for CrashDisk {
     }
 
     fn sync_data(&self) -> Result<(), io::Error> {
-        self.lock().powered()?.sync();
-        Ok(())
+        Ok(self.lock().powered()?.sync()?)
     }
 
     fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
@@ -253,6 +263,8 @@ struct DiskState {
     writes_until_power_loss: Option<u64>,
     /// ENOSPC on every write and change of length.
     full: bool,
+    /// EIO on every write, change of length and sync.
+    failing: bool,
     stats: CrashDiskStats,
 }
 
@@ -266,6 +278,7 @@ impl DiskState {
             lie_about_sync,
             writes_until_power_loss: None,
             full: false,
+            failing: false,
             stats: CrashDiskStats::default(),
         }
     }
@@ -287,6 +300,9 @@ impl DiskState {
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), CrashDiskError> {
+        if self.failing {
+            return Err(CrashDiskError::Failed);
+        }
         if self.full {
             return Err(CrashDiskError::Full);
         }
@@ -303,6 +319,9 @@ impl DiskState {
     }
 
     fn set_len(&mut self, len: u64) -> Result<(), CrashDiskError> {
+        if self.failing {
+            return Err(CrashDiskError::Failed);
+        }
         if self.full {
             return Err(CrashDiskError::Full);
         }
@@ -315,14 +334,20 @@ impl DiskState {
 
     // Replays the pending operations onto the durable image rather than copying `current`,
     // so a sync costs what was written since the last one, not the size of the disk.
-    fn sync(&mut self) {
+    fn sync(&mut self) -> Result<(), CrashDiskError> {
+        if self.failing {
+            // What this sync was to make durable never will be.
+            self.pending.clear();
+            return Err(CrashDiskError::Failed);
+        }
         self.stats.syncs += 1;
         if self.lie_about_sync {
-            return;
+            return Ok(());
         }
         for op in self.pending.drain(..) {
             op.apply(&mut self.durable);
         }
+        Ok(())
     }
 
     fn count_write_toward_power_loss(&mut self) {
@@ -597,6 +622,30 @@ mod tests {
         assert!((0..16).all(|seed| contents(&after.crash(seed)) == vec![2; 16]), "synced after the kill: kept");
     }
 
+    /// A failing device refuses writes, syncs and new segments with EIO; a
+    /// failed sync forgets what it was to make durable, so a later power
+    /// cut keeps only what was synced before; a kill gives a working disk.
+    #[test]
+    fn a_failing_disk_refuses_writes_and_syncs_and_forgets_the_unsynced() {
+        let dir = CrashDir::new();
+        use super::super::segments::SegmentDisk;
+        let segment = dir.create(0, 16).unwrap();
+        segment.write(0, &[7; 16]).unwrap();
+        segment.sync_data().unwrap();
+        segment.write(0, &[8; 16]).unwrap();
+        dir.fail();
+        assert!(segment.write(0, &[1]).is_err());
+        assert!(segment.sync_data().is_err());
+        assert!(dir.create(1, 16).is_err());
+        let after = dir.crash(3);
+        let mut read = [0u8; 16];
+        after.open(0).unwrap().read(0, &mut read).unwrap();
+        assert_eq!(read, [7; 16], "the write whose sync failed is not durable");
+        let killed = dir.kill();
+        killed.open(0).unwrap().write(0, &[9; 16]).unwrap();
+        killed.open(0).unwrap().sync_data().unwrap();
+    }
+
     /// A full device refuses writes and new segments with ENOSPC, still
     /// reads and syncs what it holds, and a kill (space freed) writes again.
     #[test]
@@ -700,6 +749,8 @@ pub struct CrashDir {
     files: Arc<Mutex<std::collections::BTreeMap<u64, CrashDisk>>>,
     /// The device is full: no segment can be created (see [`CrashDisk::fill`]).
     full: Arc<std::sync::atomic::AtomicBool>,
+    /// The device fails: no segment can be created (see [`CrashDisk::fail`]).
+    failing: Arc<std::sync::atomic::AtomicBool>,
     /// The planted bug of [`CrashDisk::new_lying`], for every segment.
     lying: bool,
 }
@@ -723,7 +774,12 @@ impl CrashDir {
     /// draws from `seed ^ id`.
     pub fn crash(&self, seed: u64) -> CrashDir {
         let files = self.files().iter().map(|(id, disk)| (*id, disk.crash(seed ^ id))).collect();
-        CrashDir { files: Arc::new(Mutex::new(files)), lying: self.lying, full: Arc::default() }
+        CrashDir {
+            files: Arc::new(Mutex::new(files)),
+            lying: self.lying,
+            full: Arc::default(),
+            failing: Arc::default(),
+        }
     }
 
     /// The device fills up, for every segment and for segments not yet made.
@@ -732,10 +788,21 @@ impl CrashDir {
         self.files().values().for_each(CrashDisk::fill);
     }
 
+    /// The device fails (EIO), for every segment and for segments not yet made.
+    pub fn fail(&self) {
+        self.failing.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.files().values().for_each(CrashDisk::fail);
+    }
+
     /// A process kill for every segment (see [`CrashDisk::kill`]).
     pub fn kill(&self) -> CrashDir {
         let files = self.files().iter().map(|(id, disk)| (*id, disk.kill())).collect();
-        CrashDir { files: Arc::new(Mutex::new(files)), lying: self.lying, full: Arc::default() }
+        CrashDir {
+            files: Arc::new(Mutex::new(files)),
+            lying: self.lying,
+            full: Arc::default(),
+            failing: Arc::default(),
+        }
     }
 
     /// Cut the power of every segment.
@@ -756,6 +823,9 @@ impl CrashDir {
 
 impl super::segments::SegmentDisk for CrashDir {
     fn create(&self, id: u64, len: u64) -> io::Result<Arc<dyn StorageBackend>> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(CrashDiskError::Failed.into());
+        }
         if self.full.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(CrashDiskError::Full.into());
         }
@@ -816,6 +886,12 @@ impl NodeDisk {
     pub fn fill(&self) {
         self.database.fill();
         self.segments.fill();
+    }
+
+    /// The device fails (see [`CrashDisk::fail`]).
+    pub fn fail(&self) {
+        self.database.fail();
+        self.segments.fail();
     }
 
     /// A process kill for both parts (see [`CrashDisk::kill`]).
