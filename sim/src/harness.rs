@@ -1064,6 +1064,25 @@ fn power_cut(world: &World, broker: &SimBroker, seed: u64) {
     }
 }
 
+/// Wait until `broker` stops on its failing disk (its node reports a
+/// fatal error), at most `duration`.
+async fn until_fatal(world: &World, broker: &SimBroker, duration: Duration) {
+    let until = world.now_ms() + duration.as_millis() as u64;
+    while world.now_ms() < until && broker.node().is_none_or(|n| n.fatal_error().is_none()) {
+        madsim::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// After a disk fault: a moment later the disk works again (space freed,
+/// device back) and the broker restarts, unless it left the cluster.
+async fn restart_after_disk_fault(handle: &Handle, broker: &SimBroker, rng: &mut impl Rng) {
+    madsim::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
+    broker.disk_failing.store(false, Ordering::SeqCst);
+    if !broker.decommissioned.load(Ordering::SeqCst) {
+        handle.restart(broker.host);
+    }
+}
+
 /// kill -9, then check that what the process had written (page cache
 /// included) holds every entry it reported persisted (G1 at the kill: a
 /// store that reports what it never wrote). A restart that trusts
@@ -1207,11 +1226,7 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                         madsim::time::sleep(Duration::from_millis(1)).await;
                     }
                     power_cut(&world, broker, rng.gen());
-                    madsim::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
-                    broker.disk_failing.store(false, Ordering::SeqCst);
-                    if !broker.decommissioned.load(Ordering::SeqCst) {
-                        handle.restart(broker.host);
-                    }
+                    restart_after_disk_fault(&handle, broker, &mut rng).await;
                 }
                 FaultKind::DiskFull => {
                     let broker = &brokers[0];
@@ -1220,18 +1235,11 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                     // from its disk (page cache intact, space freed).
                     broker.disk_failing.store(true, Ordering::SeqCst);
                     broker.disk.lock().expect("disk").fill();
-                    let until = world.now_ms() + duration.as_millis() as u64;
-                    while world.now_ms() < until && broker.node().is_none_or(|n| n.fatal_error().is_none()) {
-                        madsim::time::sleep(Duration::from_millis(10)).await;
-                    }
+                    until_fatal(&world, broker, duration).await;
                     // A store that went on past the failed write reports
                     // entries it never wrote.
                     kill_and_check(&world, broker);
-                    madsim::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
-                    broker.disk_failing.store(false, Ordering::SeqCst);
-                    if !broker.decommissioned.load(Ordering::SeqCst) {
-                        handle.restart(broker.host);
-                    }
+                    restart_after_disk_fault(&handle, broker, &mut rng).await;
                 }
                 FaultKind::DiskFailure => {
                     let broker = &brokers[0];
@@ -1241,16 +1249,9 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                     // checked against what it reported persisted.
                     broker.disk_failing.store(true, Ordering::SeqCst);
                     broker.disk.lock().expect("disk").fail();
-                    let until = world.now_ms() + duration.as_millis() as u64;
-                    while world.now_ms() < until && broker.node().is_none_or(|n| n.fatal_error().is_none()) {
-                        madsim::time::sleep(Duration::from_millis(10)).await;
-                    }
+                    until_fatal(&world, broker, duration).await;
                     power_cut(&world, broker, rng.gen());
-                    madsim::time::sleep(Duration::from_millis(rng.gen_range(100..1_000))).await;
-                    broker.disk_failing.store(false, Ordering::SeqCst);
-                    if !broker.decommissioned.load(Ordering::SeqCst) {
-                        handle.restart(broker.host);
-                    }
+                    restart_after_disk_fault(&handle, broker, &mut rng).await;
                 }
                 FaultKind::Kill => {
                     let broker = &brokers[0];
