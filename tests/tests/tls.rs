@@ -53,6 +53,14 @@ impl Authority {
     }
 }
 
+/// A fresh directory for a test's broker, with `pki/` in it for its files.
+fn test_dir() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::TempDir::new().unwrap();
+    let pki = dir.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    (dir, pki)
+}
+
 /// Write `(cert, key)` as `NAME.pem` and `NAME.key` in `dir`.
 fn write_pair(dir: &Path, name: &str, (cert, key): &(String, String)) -> (PathBuf, PathBuf) {
     let (cert_path, key_path) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
@@ -127,9 +135,7 @@ fn https_metrics(address: &str, ca: &str) -> Result<String, String> {
 
 #[test]
 fn a_tls_broker_serves_the_clients_it_trusts_and_refuses_the_rest() {
-    let dir = tempfile::TempDir::new().unwrap();
-    let pki = dir.path().join("pki");
-    std::fs::create_dir(&pki).unwrap();
+    let (dir, pki) = test_dir();
     let cluster_ca = Authority::new("keel cluster CA");
     let client_ca = Authority::new("keel client CA");
     let other_ca = Authority::new("someone else's CA");
@@ -210,9 +216,7 @@ fn a_tls_broker_serves_the_clients_it_trusts_and_refuses_the_rest() {
 
 #[test]
 fn a_certificate_rotated_on_disk_is_used_after_sighup() {
-    let dir = tempfile::TempDir::new().unwrap();
-    let pki = dir.path().join("pki");
-    std::fs::create_dir(&pki).unwrap();
+    let (dir, pki) = test_dir();
     let old_ca = Authority::new("old CA");
     let new_ca = Authority::new("new CA");
     let ca = write(&pki, "ca.pem", &old_ca.pem);
@@ -390,9 +394,7 @@ fn keel_cert_makes_what_a_cluster_needs_and_overwrites_nothing() {
 /// later command; flags still win.
 #[test]
 fn a_profile_carries_the_brokers_and_tls_files_to_every_command() {
-    let dir = tempfile::TempDir::new().unwrap();
-    let pki = dir.path().join("pki");
-    std::fs::create_dir(&pki).unwrap();
+    let (dir, pki) = test_dir();
     let ca_authority = Authority::new("keel cluster CA");
     let ca = write(&pki, "ca.pem", &ca_authority.pem);
     let (cert, key) = write_pair(&pki, "broker", &issue_broker(&ca_authority, 1));
