@@ -7,8 +7,61 @@ use std::time::Duration;
 
 use keel_proto::v1 as pb;
 use keel_proto::v1::keel_client::KeelClient;
+use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
+
+/// The API client every request goes through: it carries the user's
+/// [`Credentials`].
+#[cfg(not(madsim))]
+pub type Api = KeelClient<tonic::service::interceptor::InterceptedService<Channel, Credentials>>;
+#[cfg(madsim)]
+pub type Api = KeelClient<Channel, Credentials>;
+
+/// Request metadata naming the user (as the broker reads it).
+pub const USER_METADATA: &str = "keel-user";
+/// Request metadata carrying the user's secret.
+pub const SECRET_METADATA: &str = "keel-secret";
+
+/// A user's name and secret, sent with every request (over TLS, unless
+/// the broker is on loopback). The default sends none.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    user: Option<(MetadataValue<Ascii>, MetadataValue<Ascii>)>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let user = self.user.as_ref().map(|(user, _)| user.to_str().unwrap_or("?").to_string());
+        f.debug_struct("Credentials").field("user", &user).finish_non_exhaustive()
+    }
+}
+
+impl Credentials {
+    /// Authenticate as `user` with `secret` (printable ASCII, as `keel user
+    /// create` makes them).
+    pub fn user(user: &str, secret: &str) -> Result<Credentials, ClientError> {
+        let value = |what: &str, text: &str| {
+            if text.is_empty() || !text.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ClientError::Credentials(format!(
+                    "the {what} must be printable ASCII without spaces, and not empty"
+                )));
+            }
+            text.parse::<MetadataValue<Ascii>>().map_err(|e| ClientError::Credentials(format!("the {what}: {e}")))
+        };
+        Ok(Credentials { user: Some((value("user name", user)?, value("secret", secret)?)) })
+    }
+}
+
+impl tonic::service::Interceptor for Credentials {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some((user, secret)) = &self.user {
+            request.metadata_mut().insert(USER_METADATA, user.clone());
+            request.metadata_mut().insert(SECRET_METADATA, secret.clone());
+        }
+        Ok(request)
+    }
+}
 
 /// Largest message the client sends or accepts.
 const MESSAGE_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -110,6 +163,8 @@ pub enum ClientError {
     /// The TLS settings given could not be used.
     #[error("the TLS settings are unusable: {0}; check the certificate, key and CA files")]
     Tls(String),
+    #[error("the credentials are unusable: {0}")]
+    Credentials(String),
     /// The partition forgot this producer (its state was evicted or
     /// expired), so the outcome of the batch being sent is unknown. The
     /// producer now has a new id. `unknown` holds that batch (send it again
@@ -199,6 +254,8 @@ struct Inner {
     /// TLS to every broker (`None`: plaintext).
     #[cfg(not(madsim))]
     tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Who this client says it is.
+    credentials: Credentials,
 }
 
 /// How a client speaks TLS to brokers (real builds only). PEM bytes.
@@ -354,6 +411,7 @@ impl Client {
                 produce_streams: Default::default(),
                 #[cfg(not(madsim))]
                 tls: None,
+                credentials: Credentials::default(),
             }),
         };
         Ok(client)
@@ -365,6 +423,15 @@ impl Client {
         let mut client = Client::new(brokers, policy)?;
         Arc::get_mut(&mut client.inner).expect("a new client is not shared").tls = Some(tls.config());
         Ok(client)
+    }
+
+    /// This client, sending `credentials` with every request.
+    pub fn with_credentials(mut self, credentials: Credentials) -> Result<Client, ClientError> {
+        let inner = Arc::get_mut(&mut self.inner).ok_or_else(|| {
+            ClientError::Credentials("set credentials before the client is cloned or used".to_string())
+        })?;
+        inner.credentials = credentials;
+        Ok(self)
     }
 
     fn channel(&self, address: &str) -> Result<Channel, ClientError> {
@@ -418,7 +485,7 @@ impl Client {
     /// good, or the deadline passes.
     pub async fn call<T, F, Fut>(&self, route: Route, request: F) -> Result<T, ClientError>
     where
-        F: Fn(KeelClient<Channel>) -> Fut,
+        F: Fn(Api) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         self.call_waiting(route, Duration::ZERO, request).await
@@ -429,7 +496,7 @@ impl Client {
     /// request timeout.
     pub async fn call_waiting<T, F, Fut>(&self, route: Route, wait: Duration, request: F) -> Result<T, ClientError>
     where
-        F: Fn(KeelClient<Channel>) -> Fut,
+        F: Fn(Api) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         self.attempts(route, wait, |_, client| request(client)).await
@@ -439,7 +506,7 @@ impl Client {
     /// the address it is sent to.
     async fn attempts<T, F, Fut>(&self, route: Route, wait: Duration, request: F) -> Result<T, ClientError>
     where
-        F: Fn(&str, KeelClient<Channel>) -> Fut,
+        F: Fn(&str, Api) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let attempt_timeout = self.inner.policy.request_timeout + wait;
@@ -467,7 +534,7 @@ impl Client {
                 continue;
             };
             queue.remove(0);
-            let client = KeelClient::new(self.channel(&address)?)
+            let client = KeelClient::with_interceptor(self.channel(&address)?, self.inner.credentials.clone())
                 .max_decoding_message_size(MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(MESSAGE_BYTES_MAX);
             let attempt = match tokio::time::timeout(attempt_timeout, request(&address, client)).await {
@@ -646,6 +713,87 @@ impl Client {
             self.learn(&Route::Any, &broker.address);
         }
         Ok(cluster)
+    }
+
+    /// Create `user` with `credential` (or with `replace`, give it a new
+    /// one); derive it with [`keel_core::access::Credential::derive`] from
+    /// the secret and a fresh random salt, so that only the hash reaches the
+    /// cluster. Returns whether a secret was replaced.
+    pub async fn set_user(
+        &self,
+        user: &str,
+        credential: &keel_core::access::Credential,
+        replace: bool,
+    ) -> Result<bool, ClientError> {
+        let request = pb::SetUserRequest {
+            user: user.to_string(),
+            salt: credential.salt.clone(),
+            iterations: credential.iterations,
+            hash: credential.hash.clone(),
+            replace,
+        };
+        let response = self
+            .call(Route::Metadata, |mut c| {
+                let r = request.clone();
+                async move { c.set_user(r).await }
+            })
+            .await?;
+        Ok(response.replaced)
+    }
+
+    pub async fn delete_user(&self, user: &str) -> Result<(), ClientError> {
+        let request = pb::DeleteUserRequest { user: user.to_string() };
+        self.call(Route::Metadata, |mut c| {
+            let r = request.clone();
+            async move { c.delete_user(r).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Every user's name (from the metadata leader).
+    pub async fn list_users(&self) -> Result<Vec<String>, ClientError> {
+        Ok(self.call(Route::Metadata, |mut c| async move { c.list_users(pb::ListUsersRequest {}).await }).await?.users)
+    }
+
+    /// Grant a rule; returns false when it was already in force.
+    pub async fn add_acl(&self, acl: pb::Acl) -> Result<bool, ClientError> {
+        let request = pb::AddAclRequest { acl: Some(acl) };
+        let response = self
+            .call(Route::Metadata, |mut c| {
+                let r = request.clone();
+                async move { c.add_acl(r).await }
+            })
+            .await?;
+        Ok(response.added)
+    }
+
+    pub async fn remove_acl(&self, acl: pb::Acl) -> Result<(), ClientError> {
+        let request = pb::RemoveAclRequest { acl: Some(acl) };
+        self.call(Route::Metadata, |mut c| {
+            let r = request.clone();
+            async move { c.remove_acl(r).await }
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// The rules (of `principal` only, unless it is empty), from the
+    /// metadata leader.
+    pub async fn list_acls(&self, principal: &str) -> Result<Vec<pb::Acl>, ClientError> {
+        let request = pb::ListAclsRequest { principal: principal.to_string() };
+        let response = self
+            .call(Route::Metadata, |mut c| {
+                let r = request.clone();
+                async move { c.list_acls(r).await }
+            })
+            .await?;
+        Ok(response.acls)
+    }
+
+    /// Who a broker takes this client to be.
+    pub async fn who_am_i(&self) -> Result<pb::WhoAmIResponse, ClientError> {
+        self.call(Route::Any, |mut c| async move { c.who_am_i(pb::WhoAmIRequest {}).await }).await
     }
 
     /// Move every replica off a broker; returns how many moved. The broker's

@@ -29,8 +29,8 @@ pub use batching::{Ack, BatchingConfig, BatchingProducer, Delivered, SendError};
 #[cfg(not(madsim))]
 pub use client::ClientTls;
 pub use client::{
-    Client, ClientError, RetryPolicy, Route, FENCED_METADATA, PRODUCER_LOST_METADATA, RETRY_AFTER_METADATA,
-    SEQUENCE_GAP_METADATA, TOPIC_GONE_METADATA,
+    Api, Client, ClientError, Credentials, RetryPolicy, Route, FENCED_METADATA, PRODUCER_LOST_METADATA,
+    RETRY_AFTER_METADATA, SEQUENCE_GAP_METADATA, TOPIC_GONE_METADATA,
 };
 pub use consumer::{Consumer, Delivery};
 pub use keel_proto::v1 as pb;

@@ -15,9 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use keel_proto::v1 as pb;
-use keel_proto::v1::keel_client::KeelClient;
 use tokio::sync::{mpsc, oneshot};
-use tonic::transport::Channel;
 use tonic::{Response, Status};
 
 /// Requests queued for one stream before the sender waits, in messages.
@@ -47,7 +45,7 @@ impl ProduceStreams {
     pub(crate) async fn produce(
         &self,
         address: &str,
-        client: KeelClient<Channel>,
+        client: crate::client::Api,
         request: pb::ProduceRequest,
     ) -> Result<Response<pb::ProduceResponse>, Status> {
         if self.unary.lock().expect("unary").contains(address) {
@@ -82,7 +80,7 @@ impl ProduceStreams {
         }
     }
 
-    async fn stream(&self, address: &str, mut client: KeelClient<Channel>) -> Result<Arc<ProduceStream>, Status> {
+    async fn stream(&self, address: &str, mut client: crate::client::Api) -> Result<Arc<ProduceStream>, Status> {
         let mut streams = self.open.lock().await;
         if let Some(stream) = streams.get(address).filter(|s| !s.broken.load(Ordering::SeqCst)) {
             return Ok(stream.clone());

@@ -103,6 +103,13 @@ validated_name!(
     "group"
 );
 validated_name!(
+    /// Who makes a request: a user (authenticated by its secret) or the
+    /// common name of a client certificate. 1-249 characters of
+    /// `[A-Za-z0-9._-]`.
+    Principal,
+    "principal"
+);
+validated_name!(
     /// A consumer group member id, chosen by the member: 1-249 characters of
     /// `[A-Za-z0-9._-]`.
     MemberId,

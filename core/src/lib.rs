@@ -17,6 +17,7 @@
 // breach an error, not a warning.
 #![deny(clippy::disallowed_methods, clippy::disallowed_types)]
 
+pub mod access;
 pub mod assignor;
 pub mod coordinator;
 pub mod id;
@@ -31,8 +32,8 @@ pub mod record;
 pub mod routing;
 
 pub use id::{
-    BrokerId, Generation, GroupName, MemberId, MonotonicMs, NameError, Offset, PartitionIndex, ProducerId, Sequence,
-    TimestampMs, TopicName, TopicPartition,
+    BrokerId, Generation, GroupName, MemberId, MonotonicMs, NameError, Offset, PartitionIndex, Principal, ProducerId,
+    Sequence, TimestampMs, TopicName, TopicPartition,
 };
 pub use invariant::InvariantViolation;
 pub use limits::Limits;

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use keel_core::access::{AccessOutcome, Acl, Credential, Operation, PatternKind, ResourceKind};
 use keel_core::assignor::AssignorKind;
 use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataRejection, MetadataState, RetentionPolicy};
 use keel_core::{BrokerId, GroupName, Limits, MemberId, PartitionIndex, TimestampMs, TopicName};
@@ -61,7 +62,35 @@ fn command() -> impl Strategy<Value = MetadataCommand> {
                 topic, partitions, retention: retention.map(|(max_age_ms, max_bytes)| RetentionPolicy { max_age_ms, max_bytes })
             }),
         1 => name(&GROUPS).prop_map(|group| MetadataCommand::DeleteGroup { group }),
+        2 => (name(&USERS), any::<bool>(), any::<bool>()).prop_map(|(user, usable, replace)| MetadataCommand::SetUser {
+            user,
+            // An unusable credential: a salt too short.
+            credential: Credential::derive(b"secret", vec![7; if usable { 16 } else { 4 }], 1),
+            replace,
+        }),
+        1 => name(&USERS).prop_map(|user| MetadataCommand::DeleteUser { user }),
+        2 => acl().prop_map(|acl| MetadataCommand::AddAcl { acl }),
+        1 => acl().prop_map(|acl| MetadataCommand::RemoveAcl { acl }),
     ]
+}
+
+const USERS: [&str; 3] = ["alice", "bob", "bad name"];
+
+/// Rules over a small pool, some unusable (an operation of another kind of
+/// resource, a bad principal, a cluster rule with a name).
+fn acl() -> impl Strategy<Value = Acl> {
+    let kind = proptest::sample::select(&[ResourceKind::Topic, ResourceKind::Group, ResourceKind::Cluster][..]);
+    let operation = proptest::sample::select(&Operation::ALL[..]);
+    let principal = proptest::sample::select(&["alice", "*", "bad name"][..]).prop_map(str::to_string);
+    let pattern = proptest::sample::select(&[PatternKind::Literal, PatternKind::Prefix][..]);
+    let name = proptest::sample::select(&["a", "", "g1"][..]).prop_map(str::to_string);
+    (principal, kind, pattern, name, operation).prop_map(|(principal, resource, pattern, name, operation)| Acl {
+        principal,
+        resource,
+        pattern,
+        name,
+        operation,
+    })
 }
 
 #[derive(Clone)]
@@ -100,6 +129,8 @@ struct Model {
     /// Each topic's retention.
     retention: BTreeMap<String, RetentionPolicy>,
     next_producer: u64,
+    users: BTreeSet<String>,
+    acls: BTreeSet<Acl>,
 }
 
 fn legal(name: &str) -> bool {
@@ -126,6 +157,8 @@ impl Model {
             epoch_floor: 1,
             retention: BTreeMap::new(),
             next_producer: 1,
+            users: BTreeSet::new(),
+            acls: BTreeSet::new(),
         }
     }
 
@@ -301,6 +334,37 @@ impl Model {
                     Some(_) => Ok(()),
                 }
             }
+            MetadataCommand::SetUser { user, credential, replace } => {
+                let usable = legal(user) && credential.salt.len() >= 16;
+                if !usable || (self.users.contains(user) && !replace) {
+                    return Err("Access");
+                }
+                Ok(())
+            }
+            MetadataCommand::DeleteUser { user } => {
+                if !self.users.contains(user) {
+                    return Err("Access");
+                }
+                Ok(())
+            }
+            MetadataCommand::AddAcl { acl } => {
+                let usable = (acl.principal == "*" || legal(&acl.principal))
+                    && acl.operation.applies_to(acl.resource)
+                    && match acl.resource {
+                        ResourceKind::Cluster => acl.name.is_empty(),
+                        _ => legal(&acl.name) || (acl.pattern == PatternKind::Prefix && acl.name.is_empty()),
+                    };
+                if !usable {
+                    return Err("Access");
+                }
+                Ok(())
+            }
+            MetadataCommand::RemoveAcl { acl } => {
+                if !self.acls.contains(acl) {
+                    return Err("Access");
+                }
+                Ok(())
+            }
             // Not generated: moves settling and drains are tested by example
             // in tests/rejections.rs.
             MetadataCommand::DrainBroker { .. } => unreachable!("not generated"),
@@ -408,6 +472,21 @@ impl Model {
                 let deleted = self.groups.remove(group).unwrap();
                 self.epoch_floor = self.epoch_floor.max(deleted.next_epoch);
             }
+            (MetadataCommand::SetUser { user, replace, .. }, MetadataOutcome::Access(outcome)) => {
+                let existed = !self.users.insert(user.clone());
+                prop_assert!(*replace || !existed);
+                let replaced = matches!(outcome, AccessOutcome::UserSet { replaced: true, .. });
+                prop_assert_eq!(replaced, existed);
+            }
+            (MetadataCommand::DeleteUser { user }, MetadataOutcome::Access(AccessOutcome::UserDeleted { .. })) => {
+                prop_assert!(self.users.remove(user));
+            }
+            (MetadataCommand::AddAcl { acl }, MetadataOutcome::Access(AccessOutcome::AclAdded { added })) => {
+                prop_assert_eq!(*added, self.acls.insert(acl.clone()));
+            }
+            (MetadataCommand::RemoveAcl { acl }, MetadataOutcome::Access(AccessOutcome::AclRemoved)) => {
+                prop_assert!(self.acls.remove(acl));
+            }
             (MetadataCommand::AllocateProducerId, MetadataOutcome::ProducerIdAllocated { producer }) => {
                 prop_assert_eq!(producer.0, self.next_producer);
                 self.next_producer += 1;
@@ -421,6 +500,10 @@ impl Model {
 
     /// The state agrees with the model on everything the model tracks.
     fn compare(&self, state: &MetadataState) -> Result<(), TestCaseError> {
+        let users: BTreeSet<String> = state.access().users().map(ToString::to_string).collect();
+        prop_assert_eq!(&users, &self.users);
+        let acls: BTreeSet<Acl> = state.access().acls().collect();
+        prop_assert_eq!(&acls, &self.acls);
         let brokers: BTreeMap<u64, String> = state.brokers().iter().map(|(id, b)| (id.0, b.address.clone())).collect();
         prop_assert_eq!(&brokers, &self.brokers);
         let topics: BTreeMap<String, Vec<Vec<u64>>> = state
@@ -478,6 +561,7 @@ fn rejection_kind(rejection: &MetadataRejection) -> &'static str {
         MetadataRejection::TooManyMembers { .. } => "TooManyMembers",
         MetadataRejection::AssignorMismatch { .. } => "AssignorMismatch",
         MetadataRejection::ProducerIdsExhausted => "ProducerIdsExhausted",
+        MetadataRejection::Access(_) => "Access",
         MetadataRejection::PartitionCountDecrease { .. } => "PartitionCountDecrease",
         MetadataRejection::GroupHasMembers { .. } => "GroupHasMembers",
     }

@@ -125,7 +125,13 @@ impl LocalCluster {
             for node in self.live() {
                 match node.propose(group, command.clone()).await {
                     Ok(response) => return Ok(response),
-                    Err(ProposeError::NotLeader { .. } | ProposeError::GroupNotHere { .. }) => {}
+                    // A lost lead leaves the outcome open: tests propose
+                    // idempotent commands, so trying again is safe.
+                    Err(
+                        ProposeError::NotLeader { .. }
+                        | ProposeError::GroupNotHere { .. }
+                        | ProposeError::LeadershipLost { .. },
+                    ) => {}
                     Err(error) => return Err(error.into()),
                 }
             }

@@ -79,6 +79,13 @@ pub fn canonical_name(code: Code) -> &'static str {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    rpc: String,
+    /// The permission lacked (`produce on topic`), or `authentication`.
+    lacked: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: String,
 }
@@ -97,6 +104,7 @@ fn latency_histogram() -> Histogram {
 pub struct Metrics {
     registry: Registry,
     requests: Family<RpcLabels, Counter>,
+    refused: Family<RefusalLabels, Counter>,
     latency: HistogramFamily<LatencyLabels>,
     produced_records: Counter,
     produced_bytes: Counter,
@@ -216,6 +224,7 @@ impl Metrics {
         let registry = root.sub_registry_with_prefix("keel");
         let metrics = Metrics {
             requests: Family::default(),
+            refused: Family::default(),
             latency: HistogramFamily::new_with_constructor(latency_histogram),
             produced_records: Counter::default(),
             produced_bytes: Counter::default(),
@@ -248,6 +257,12 @@ impl Metrics {
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").to_string() }).set(1);
         registry.register("build_info", "Always 1; the version of keel this broker runs", build_info);
         registry.register("requests", "API requests answered, by RPC and gRPC status code", metrics.requests.clone());
+        registry.register(
+            "requests_refused",
+            "API requests refused for lack of a permission (by RPC and the permission's operation and resource \
+             kind, e.g. `produce on topic`) or of authentication (`authentication`)",
+            metrics.refused.clone(),
+        );
         registry.register("request_duration_seconds", "API request latency, by RPC", metrics.latency.clone());
         registry.register("produced_records", "Records appended by produce requests", metrics.produced_records.clone());
         registry.register(
@@ -349,6 +364,13 @@ impl Metrics {
     pub fn observe_request(&self, rpc: &str, code: tonic::Code, seconds: f64) {
         self.requests.get_or_create(&RpcLabels { rpc: rpc.to_string(), code: canonical_name(code).to_string() }).inc();
         self.latency.get_or_create(&LatencyLabels { rpc: rpc.to_string() }).observe(seconds);
+    }
+
+    /// A request refused by the access rules: `lacked` names what it
+    /// lacked, without the resource's name (which would make a series per
+    /// name).
+    pub fn refused(&self, rpc: &str, lacked: &str) {
+        self.refused.get_or_create(&RefusalLabels { rpc: rpc.to_string(), lacked: lacked.to_string() }).inc();
     }
 
     pub fn produced(&self, records: u64, bytes: u64) {

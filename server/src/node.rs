@@ -126,6 +126,9 @@ pub struct NodeConfig {
     /// the initial voters; a broker joining a running cluster takes it from
     /// the cluster (`DescribeCluster`).
     pub cluster_id: u64,
+    /// Whether requests are authorised against the access rules, and who
+    /// may do everything.
+    pub access: crate::api::AccessSettings,
     /// TLS on every listener and on calls to other brokers; `None`:
     /// plaintext (real builds only: the simulation has no TLS).
     #[cfg(not(madsim))]
@@ -187,6 +190,7 @@ impl NodeConfig {
             raft,
             duty_interval: Duration::from_millis(200),
             retention_interval: Duration::from_secs(30),
+            access: crate::api::AccessSettings::default(),
             #[cfg(not(madsim))]
             tls: None,
         }
@@ -261,6 +265,9 @@ struct NodeInner {
     clock: Clock,
     peers: Peers,
     groups: Mutex<BTreeMap<GroupId, GroupHandle>>,
+    /// The metadata as it stood when the node shut down: tasks still
+    /// finishing read it once the metadata group is gone.
+    metadata_at_shutdown: Mutex<Option<Arc<MetadataState>>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Member sessions, soft state, meaningful while this broker leads the
     /// metadata group (the group coordinator).
@@ -360,6 +367,7 @@ impl Node {
             clock,
             peers,
             groups: Mutex::new(BTreeMap::new()),
+            metadata_at_shutdown: Mutex::new(None),
             tasks: Mutex::new(Vec::new()),
             sessions: Mutex::new(GroupSessions::new()),
             was_metadata_leader: Mutex::new(false),
@@ -537,6 +545,11 @@ impl Node {
     }
 
     /// The broker's metrics.
+    /// The settings this node was started with.
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.config
+    }
+
     pub fn metrics(&self) -> &crate::metrics::Metrics {
         &self.inner.metrics
     }
@@ -596,7 +609,12 @@ impl Node {
     /// not copied).
     pub fn metadata(&self) -> Arc<MetadataState> {
         let groups = self.inner.groups.lock().expect("groups");
-        let state = groups[&GroupId::Metadata].state_machine.state();
+        let Some(metadata) = groups.get(&GroupId::Metadata) else {
+            // Shut down: the groups are stopped, so answer from the last state.
+            let last = self.inner.metadata_at_shutdown.lock().expect("metadata at shutdown").clone();
+            return last.unwrap_or_else(|| Arc::new(MetadataState::new(self.inner.config.limits.clone())));
+        };
+        let state = metadata.state_machine.state();
         let state = state.lock().expect("metadata state");
         match &*state {
             GroupState::Metadata(metadata) => metadata.clone(),
@@ -773,6 +791,9 @@ impl Node {
         match answer {
             Ok(Ok(written)) => Ok(written.data),
             Ok(Err(error)) => Err(self.leader_address(membership::write_error(&group, RaftError::APIError(error)))),
+            // openraft drops a write's answer when its leader steps down
+            // before committing it: the next leader may still apply it.
+            Err(_) if self.raft(&group).is_some() => Err(ProposeError::LeadershipLost { group, term }),
             Err(_) => Err(ProposeError::Raft { group, reason: "the group stopped before answering".into() }),
         }
     }
@@ -969,6 +990,8 @@ impl Node {
         for task in self.inner.tasks.lock().expect("tasks").drain(..) {
             task.abort();
         }
+        let metadata = self.metadata();
+        *self.inner.metadata_at_shutdown.lock().expect("metadata at shutdown") = Some(metadata);
         let groups: Vec<GroupHandle> =
             std::mem::take(&mut *self.inner.groups.lock().expect("groups")).into_values().collect();
         for group in groups {

@@ -50,6 +50,10 @@ pub struct TlsFiles {
     /// The CA bundle that signs client certificates; without it, clients
     /// are not asked for one.
     pub client_ca: Option<PathBuf>,
+    /// With a client CA: a client may connect without a certificate (and
+    /// then authenticate with a user's secret, or be anonymous). A broker
+    /// that authorises requests asks for certificates this way.
+    pub client_certificate_optional: bool,
 }
 
 /// Why TLS could not be set up.
@@ -232,14 +236,15 @@ fn build(files: &TlsFiles) -> Result<Loaded, TlsError> {
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok::<_, TlsError>(Arc::new(config))
     };
-    let verifier = |path: &Path| -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
-        WebPkiClientVerifier::builder_with_provider(roots(path)?, provider())
-            .build()
-            .map_err(|e| TlsError::Config(format!("{}: {e}", path.display())))
-    };
-    let internal = config(Some(verifier(&files.ca)?))?;
+    let verifier =
+        |path: &Path, optional: bool| -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+            let builder = WebPkiClientVerifier::builder_with_provider(roots(path)?, provider());
+            let builder = if optional { builder.allow_unauthenticated() } else { builder };
+            builder.build().map_err(|e| TlsError::Config(format!("{}: {e}", path.display())))
+        };
+    let internal = config(Some(verifier(&files.ca, false)?))?;
     let client = match &files.client_ca {
-        Some(path) => config(Some(verifier(path)?))?,
+        Some(path) => config(Some(verifier(path, files.client_certificate_optional)?))?,
         None => config(None)?,
     };
     let mut metrics = (*config(None)?).clone();

@@ -1,9 +1,11 @@
-//! TLS on real `keel serve` processes, with certificates made at test time:
+//! TLS, users and access rules on real `keel serve` processes, with
+//! certificates made at test time:
 //! clients without a certificate, with one from another CA or with an
 //! expired one are refused; the right one works; a certificate rotated on
 //! disk is used after SIGHUP; brokers reach each other over mutual TLS, and
 //! a Raft message is refused unless the caller's certificate names the
-//! broker it claims to come from.
+//! broker it claims to come from; every RPC needs its permission, and
+//! users prove themselves with secrets.
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -111,6 +113,12 @@ fn stderr(output: &Output) -> String {
 
 /// `GET /metrics` over TLS, trusting `ca`: the status line.
 fn https_metrics(address: &str, ca: &str) -> Result<String, String> {
+    let answer = https_metrics_answer(address, ca)?;
+    answer.lines().next().map(str::to_string).ok_or_else(|| "no answer".to_string())
+}
+
+/// `GET /metrics` over TLS, trusting `ca`: the whole answer.
+fn https_metrics_answer(address: &str, ca: &str) -> Result<String, String> {
     use std::io::{Read, Write};
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(ca.as_bytes()) {
@@ -130,7 +138,7 @@ fn https_metrics(address: &str, ca: &str) -> Result<String, String> {
     let mut response = String::new();
     // The server may close without close_notify once it has answered.
     let _ = stream.read_to_string(&mut response);
-    response.lines().next().map(str::to_string).ok_or_else(|| "no answer".to_string())
+    Ok(response)
 }
 
 #[test]
@@ -452,4 +460,271 @@ fn a_profile_carries_the_brokers_and_tls_files_to_every_command() {
     // Deleted, it is no longer used.
     assert!(succeeded(&keel(&["profile", "delete", "secure"])));
     assert!(!succeeded(&keel(&["topic", "list", "--broker", &address, "--timeout", "2s"])));
+}
+
+/// A client of `address` over TLS trusting `ca`, with a certificate or a
+/// user's secret (or neither).
+fn client_as(
+    address: &str,
+    ca: &str,
+    identity: Option<&(String, String)>,
+    user: Option<(&str, &str)>,
+) -> keel_client::Client {
+    let tls = keel_client::ClientTls {
+        ca: ca.as_bytes().to_vec(),
+        identity: identity.map(|(cert, key)| (cert.as_bytes().to_vec(), key.as_bytes().to_vec())),
+    };
+    let policy = keel_client::RetryPolicy { deadline: Duration::from_secs(10), ..Default::default() };
+    let client = keel_client::Client::with_tls(vec![address.to_string()], policy, &tls).unwrap();
+    match user {
+        Some((name, secret)) => client.with_credentials(keel_client::Credentials::user(name, secret).unwrap()).unwrap(),
+        None => client,
+    }
+}
+
+fn code<T: std::fmt::Debug>(result: &Result<T, keel_client::ClientError>) -> Code {
+    match result {
+        Ok(_) => Code::Ok,
+        Err(keel_client::ClientError::Refused(status)) => status.code(),
+        Err(other) => panic!("not an answer from the broker: {other}"),
+    }
+}
+
+fn rule(principal: &str, operation: &str, resource: &str, name: &str) -> pb::Acl {
+    pb::Acl {
+        principal: principal.into(),
+        resource: resource.into(),
+        name: name.into(),
+        prefix: false,
+        operation: operation.into(),
+    }
+}
+
+fn credential(secret: &str) -> keel_core::access::Credential {
+    keel_core::access::Credential::derive(secret.as_bytes(), b"a test salt, 16+".to_vec(), 64)
+}
+
+/// Every RPC refuses a principal without the permission it needs, changing
+/// nothing, and serves it once an administrator grants the rule; a rule
+/// taken back, or a user deleted, stops working on the next request of an
+/// open client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets() {
+    let (dir, pki) = test_dir();
+    let cluster_ca = Authority::new("keel cluster CA");
+    let ca = write(&pki, "ca.pem", &cluster_ca.pem);
+    let (cert, key) = write_pair(&pki, "broker", &issue_broker(&cluster_ca, 1));
+    let admin_pair = cluster_ca.issue(&["admin"], false);
+    let eve_pair = cluster_ca.issue(&["eve"], false);
+    let address = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let _broker = Broker::start(
+        dir.path(),
+        &address,
+        &[
+            "--tls-cert",
+            s(&cert),
+            "--tls-key",
+            s(&key),
+            "--tls-ca",
+            s(&ca),
+            "--tls-client-ca",
+            s(&ca),
+            "--authorize",
+            "--super-user",
+            "admin",
+            "--metrics-listen",
+            &metrics,
+        ],
+    );
+    let admin = client_as(&address, &cluster_ca.pem, Some(&admin_pair), None);
+    let me = admin.who_am_i().await.unwrap();
+    assert_eq!((me.principal.as_str(), me.authenticated_by.as_str(), me.super_user), ("admin", "certificate", true));
+    admin.set_user("alice", &credential("alices-secret"), false).await.unwrap();
+    let topic = |name: &str, partitions: u32| pb::CreateTopicRequest {
+        topic: name.into(),
+        partitions,
+        replication_factor: 1,
+        ..Default::default()
+    };
+    admin.create_topic(topic("other", 1)).await.unwrap();
+
+    // Anonymous callers and wrong secrets are not served at all.
+    let anonymous = client_as(&address, &cluster_ca.pem, None, None);
+    assert_eq!(code(&anonymous.list_topics().await), Code::Unauthenticated);
+    let wrong = client_as(&address, &cluster_ca.pem, None, Some(("alice", "not-it")));
+    assert_eq!(code(&wrong.list_topics().await), Code::Unauthenticated);
+    let nobody = client_as(&address, &cluster_ca.pem, None, Some(("nobody", "x")));
+    assert_eq!(code(&nobody.list_topics().await), Code::Unauthenticated);
+    // A certificate's common name is a principal too; with no rules it sees nothing.
+    let eve = client_as(&address, &cluster_ca.pem, Some(&eve_pair), None);
+    assert_eq!(code(&eve.create_topic(topic("eve.t", 1)).await), Code::PermissionDenied);
+    assert!(eve.list_topics().await.unwrap().is_empty(), "listed topics it may not describe");
+
+    let alice = client_as(&address, &cluster_ca.pem, None, Some(("alice", "alices-secret")));
+    let me = alice.who_am_i().await.unwrap();
+    assert_eq!((me.principal.as_str(), me.authenticated_by.as_str(), me.super_user), ("alice", "secret", false));
+    // Refused without the rule, served with it: check `call` is refused
+    // (and `unchanged` still holds), grant `acl`, and check it is served.
+    macro_rules! needs {
+        ($acl:expr, $call:expr, $unchanged:expr) => {{
+            let refused = $call;
+            assert_eq!(code(&refused), Code::PermissionDenied, "{:?} was not needed", $acl);
+            assert!($unchanged, "a refused call for {:?} changed something", $acl);
+            assert!(admin.add_acl($acl).await.unwrap());
+            let served = $call;
+            assert!(served.is_ok(), "{:?} granted, but: {:?}", $acl, served.err());
+            served.unwrap()
+        }};
+    }
+    let exists = |name: &'static str| {
+        let admin = admin.clone();
+        async move { admin.describe_topic(name).await.is_ok() }
+    };
+
+    needs!(rule("alice", "create", "topic", "a.t"), alice.create_topic(topic("a.t", 1)).await, !exists("a.t").await);
+    needs!(rule("alice", "describe", "topic", "a.t"), alice.describe_topic("a.t").await, true);
+    assert_eq!(alice.list_topics().await.unwrap().len(), 1, "lists only what it may describe");
+    needs!(
+        rule("alice", "alter", "topic", "a.t"),
+        alice
+            .alter_topic(pb::AlterTopicRequest { topic: "a.t".into(), partitions: Some(2), ..Default::default() })
+            .await,
+        admin.describe_topic("a.t").await.unwrap().partitions.len() == 1
+    );
+    let high_watermark = || {
+        let admin = admin.clone();
+        async move {
+            let position = admin.group_position("keel.offset-lookup", "a.t", 0).await.unwrap();
+            position.high_watermark
+        }
+    };
+    let produce = pb::ProduceRequest {
+        topic: "a.t".into(),
+        partition: 0,
+        records: vec![pb::Record { value: b"hello".to_vec(), ..Default::default() }],
+        ..Default::default()
+    };
+    // A producer id goes to principals that may produce somewhere.
+    assert_eq!(code(&alice.allocate_producer_id().await), Code::PermissionDenied);
+    needs!(rule("alice", "produce", "topic", "a.t"), alice.produce(produce.clone()).await, high_watermark().await == 0);
+    assert!(alice.allocate_producer_id().await.is_ok());
+    let read = pb::ReadRequest { topic: "a.t".into(), partition: 0, max_records: 10, ..Default::default() };
+    let records = needs!(rule("alice", "consume", "topic", "a.t"), alice.read(read.clone()).await, true).records;
+    assert_eq!(records.len(), 1);
+
+    let join = pb::JoinGroupRequest {
+        group: "a.g".into(),
+        member: "m1".into(),
+        topics: vec!["a.t".into()],
+        session_timeout_ms: 10_000,
+    };
+    let join_call = || {
+        let (alice, join) = (alice.clone(), join.clone());
+        async move {
+            alice
+                .call(keel_client::Route::Metadata, |mut c| {
+                    let r = join.clone();
+                    async move { c.join_group(r).await }
+                })
+                .await
+        }
+    };
+    let no_group = || {
+        let admin = admin.clone();
+        async move { admin.list_groups().await.unwrap().is_empty() }
+    };
+    let joined = needs!(rule("alice", "join", "group", "a.g"), join_call().await, no_group().await);
+    let poll = pb::PollRequest {
+        group: "a.g".into(),
+        member: "m1".into(),
+        generation: joined.generation,
+        member_epoch: joined.member_epoch,
+        topic: "a.t".into(),
+        partition: 0,
+        max_records: 10,
+        ..Default::default()
+    };
+    let poll_call = |alice: &keel_client::Client| {
+        let (alice, poll) = (alice.clone(), poll.clone());
+        async move {
+            alice
+                .call(keel_client::Route::Any, |mut c| {
+                    let r = poll.clone();
+                    async move { c.poll(r).await }
+                })
+                .await
+        }
+    };
+    let polled = poll_call(&alice).await;
+    assert!(polled.is_ok(), "a member with join and consume could not poll: {:?}", polled.err());
+    needs!(rule("alice", "describe", "group", "a.g"), alice.describe_group("a.g").await, true);
+    let heartbeat = pb::HeartbeatRequest {
+        group: "a.g".into(),
+        member: "m1".into(),
+        generation: joined.generation,
+        member_epoch: joined.member_epoch,
+    };
+    let beat = alice
+        .call(keel_client::Route::Metadata, |mut c| {
+            let r = heartbeat.clone();
+            async move { c.heartbeat(r).await }
+        })
+        .await;
+    assert!(beat.is_ok(), "a member could not heartbeat: {:?}", beat.err());
+    let leave = pb::LeaveGroupRequest { group: "a.g".into(), member: "m1".into(), member_epoch: joined.member_epoch };
+    let left = alice
+        .call(keel_client::Route::Metadata, |mut c| {
+            let r = leave.clone();
+            async move { c.leave_group(r).await }
+        })
+        .await;
+    assert!(left.is_ok(), "a member could not leave: {:?}", left.err());
+    needs!(
+        rule("alice", "reset", "group", "a.g"),
+        alice
+            .reset_group_position(pb::ResetGroupPositionRequest {
+                group: "a.g".into(),
+                topic: "a.t".into(),
+                partition: 0,
+                to: Some(pb::reset_group_position_request::To::Latest(true)),
+            })
+            .await,
+        true
+    );
+
+    needs!(rule("alice", "delete", "group", "a.g"), alice.delete_group("a.g").await, !no_group().await);
+
+    // A rule taken back stops working on the next request of an open client.
+    admin.remove_acl(rule("alice", "consume", "topic", "a.t")).await.unwrap();
+    assert_eq!(code(&poll_call(&alice).await), Code::PermissionDenied);
+    assert_eq!(code(&alice.read(read.clone()).await), Code::PermissionDenied);
+
+    needs!(rule("alice", "delete", "topic", "a.t"), alice.delete_topic("a.t").await, exists("a.t").await);
+    needs!(
+        rule("alice", "brokers", "cluster", ""),
+        alice.drain_broker(1).await.map(drop).or_else(|e| match e {
+            keel_client::ClientError::Refused(s) if s.code() != Code::PermissionDenied => Ok(()),
+            e => Err(e),
+        }),
+        true
+    );
+    needs!(
+        rule("alice", "users", "cluster", ""),
+        alice.set_user("bob", &credential("bobs-secret"), false).await,
+        admin.list_users().await.unwrap() == ["alice"]
+    );
+    needs!(rule("alice", "acls", "cluster", ""), alice.list_acls("").await, true);
+
+    // Refusals are counted.
+    let scraped = https_metrics_answer(&metrics, &cluster_ca.pem).unwrap();
+    assert!(
+        scraped.contains("keel_requests_refused_total{rpc=\"Produce\",lacked=\"produce on topic\"} 1"),
+        "{scraped}"
+    );
+    assert!(scraped.contains("lacked=\"authentication\""), "{scraped}");
+
+    // A deleted user's secret stops working at once.
+    admin.delete_user("alice").await.unwrap();
+    assert_eq!(code(&alice.list_topics().await), Code::Unauthenticated);
 }

@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::state::RetentionPolicy;
+use crate::access::{AccessOutcome, AccessRejection, Acl, Credential};
 use crate::assignor::AssignorKind;
 use crate::id::{
     BrokerId, Generation, GroupName, MemberId, NameError, PartitionIndex, ProducerId, TopicName, TopicPartition,
@@ -60,6 +61,16 @@ pub enum MetadataCommand {
     /// same name created later starts above every generation and member
     /// epoch the deleted one reached, so its claims supersede any left.
     DeleteGroup { group: String },
+    /// Create a user with a hashed secret, or (with `replace`) give an
+    /// existing user a new one.
+    SetUser { user: String, credential: Credential, replace: bool },
+    /// Delete a user: its secret stops working at once. Its rules stay (a
+    /// certificate may carry the same name).
+    DeleteUser { user: String },
+    /// Grant what the rule names.
+    AddAcl { acl: Acl },
+    /// Take back a rule added before.
+    RemoveAcl { acl: Acl },
 }
 
 /// What an applied metadata command did.
@@ -117,6 +128,7 @@ pub enum MetadataOutcome {
     GroupDeleted {
         group: GroupName,
     },
+    Access(AccessOutcome),
 }
 
 /// Why a metadata command changed nothing. Each message says what to do.
@@ -191,11 +203,13 @@ pub enum MetadataRejection {
     PartitionCountDecrease { topic: TopicName, current: u32, requested: u32 },
     #[error("group {group} has {members} members: stop them, or wait for their sessions to expire, then delete it")]
     GroupHasMembers { group: GroupName, members: u32 },
+    #[error(transparent)]
+    Access(#[from] AccessRejection),
 }
 
 impl MetadataRejection {
     /// Every kind of rejection, by name (the simulation counts which occur).
-    pub const KINDS: [&'static str; 27] = [
+    pub const KINDS: [&'static str; 28] = [
         "InvalidName",
         "InvalidBrokerAddress",
         "TooManyBrokers",
@@ -223,6 +237,7 @@ impl MetadataRejection {
         "ProducerIdsExhausted",
         "PartitionCountDecrease",
         "GroupHasMembers",
+        "Access",
     ];
 
     /// This rejection's kind: its variant's name.
@@ -255,6 +270,7 @@ impl MetadataRejection {
             Self::ProducerIdsExhausted => "ProducerIdsExhausted",
             Self::PartitionCountDecrease { .. } => "PartitionCountDecrease",
             Self::GroupHasMembers { .. } => "GroupHasMembers",
+            Self::Access(_) => "Access",
         }
     }
 }

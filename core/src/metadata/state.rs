@@ -8,6 +8,7 @@ use super::command::{
     validate_member, validate_subscription, MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult,
 };
 use super::group::{GroupInfo, MemberInfo};
+use crate::access::AccessRules;
 use crate::assignor::AssignorKind;
 use crate::id::{
     BrokerId, Generation, GroupName, MemberId, PartitionIndex, ProducerId, TimestampMs, TopicName, TopicPartition,
@@ -72,6 +73,8 @@ pub struct MetadataState {
     deleted_groups_floor: GroupFloor,
     applied_commands: u64,
     rejected_commands: u64,
+    /// Users and the rules that say what principals may do.
+    access: AccessRules,
 }
 
 impl MetadataState {
@@ -88,6 +91,7 @@ impl MetadataState {
             deleted_groups_floor: GroupFloor::default(),
             applied_commands: 0,
             rejected_commands: 0,
+            access: AccessRules::default(),
         }
     }
 
@@ -113,6 +117,11 @@ impl MetadataState {
 
     pub fn group(&self, group: &GroupName) -> Option<&GroupInfo> {
         self.groups.get(group)
+    }
+
+    /// Users and access rules.
+    pub fn access(&self) -> &AccessRules {
+        &self.access
     }
 
     /// Commands applied and commands rejected so far.
@@ -162,6 +171,12 @@ impl MetadataState {
                 self.alter_topic(topic, *partitions, *retention)
             }
             MetadataCommand::DeleteGroup { group } => self.delete_group(group),
+            MetadataCommand::SetUser { user, credential, replace } => {
+                Ok(MetadataOutcome::Access(self.access.set_user(user, credential, *replace)?))
+            }
+            MetadataCommand::DeleteUser { user } => Ok(MetadataOutcome::Access(self.access.delete_user(user)?)),
+            MetadataCommand::AddAcl { acl } => Ok(MetadataOutcome::Access(self.access.add_acl(acl)?)),
+            MetadataCommand::RemoveAcl { acl } => Ok(MetadataOutcome::Access(self.access.remove_acl(acl)?)),
         }
     }
 
@@ -571,6 +586,7 @@ impl MetadataState {
         ensure(self.topics.len() as u64 <= u64::from(self.limits.topics_max), || "more topics than topics_max".into())?;
         ensure(self.groups.len() as u64 <= u64::from(self.limits.groups_max), || "more groups than groups_max".into())?;
         ensure(self.next_producer_id.0 >= 1, || "producer id 0 is reserved".into())?;
+        self.access.check_invariants().map_err(InvariantViolation)?;
         let ids: BTreeSet<u64> = self.topics.values().map(|t| t.id).collect();
         ensure(ids.len() == self.topics.len(), || "two topics share an id".into())?;
         ensure(ids.iter().all(|id| *id >= 1 && *id < self.next_topic_id), || "a topic id was not allocated".into())?;

@@ -107,6 +107,15 @@ pub(super) fn metadata_rejection(rejection: MetadataRejection) -> Status {
         }
         PartitionCountDecrease { .. } => Code::InvalidArgument,
         GroupHasMembers { .. } => Code::FailedPrecondition,
+        Access(access) => {
+            use keel_core::access::AccessRejection as A;
+            match access {
+                A::InvalidName(_) | A::InvalidCredential { .. } | A::InvalidAcl { .. } => Code::InvalidArgument,
+                A::UserExists { .. } => Code::AlreadyExists,
+                A::UnknownUser { .. } | A::UnknownAcl { .. } => Code::NotFound,
+                A::TooManyUsers { .. } | A::TooManyAcls { .. } => Code::ResourceExhausted,
+            }
+        }
     };
     Status::new(code, rejection.to_string())
 }

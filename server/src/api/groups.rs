@@ -41,12 +41,17 @@ impl KeelService {
     }
 
     /// Every group in this broker's metadata, by name (bounded by the
-    /// cluster's groups limit).
-    pub(super) fn list_groups_request(&self) -> pb::ListGroupsResponse {
+    /// cluster's groups limit) that `caller` may describe.
+    pub(super) fn list_groups_request(&self, caller: &super::Caller) -> pb::ListGroupsResponse {
         let metadata = self.node.metadata();
         let groups = metadata
             .groups()
             .iter()
+            .filter(|(name, _)| {
+                let describe =
+                    keel_core::access::Permission::group(name.as_str(), keel_core::access::Operation::Describe);
+                self.may(caller, &describe)
+            })
             .map(|(name, info)| {
                 let topics: std::collections::BTreeSet<String> =
                     info.members.values().flat_map(|m| m.topics.iter().map(ToString::to_string)).collect();

@@ -9,13 +9,17 @@
 //! in `keel-replicas` (`<id>@<host:port>,...`). The client library follows
 //! these hints. Reads of committed records are served by any replica.
 
+mod access;
 mod admission;
 mod consumer;
 mod errors;
 mod groups;
 mod produce_stream;
+mod rpcs;
+mod rules;
 mod service;
 
+pub use access::{AccessSettings, Caller, Proof, SECRET_METADATA, USER_METADATA};
 pub use admission::{RETRY_AFTER_METADATA, WRITE_BYTES_IN_FLIGHT_MAX};
 pub use errors::{LEADER_METADATA, REPLICAS_METADATA};
 pub use produce_stream::STREAM_REQUESTS_IN_FLIGHT_MAX;

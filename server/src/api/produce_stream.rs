@@ -19,7 +19,9 @@ use keel_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tonic::{Request, Status, Streaming};
 
+use super::access::Caller;
 use super::service::KeelService;
+use keel_core::access::{Operation, Permission};
 
 /// Requests of one stream handled at once; more wait to be read.
 pub const STREAM_REQUESTS_IN_FLIGHT_MAX: usize = 4096;
@@ -32,9 +34,14 @@ pub type ProduceAnswers =
 
 impl KeelService {
     /// Start serving one stream: the answers come from a task of its own.
-    pub(super) fn open_produce_stream(&self, incoming: Streaming<pb::ProduceStreamRequest>) -> ProduceAnswers {
+    /// Each request is authorised for `caller`, who opened the stream.
+    pub(super) fn open_produce_stream(
+        &self,
+        caller: Caller,
+        incoming: Streaming<pb::ProduceStreamRequest>,
+    ) -> ProduceAnswers {
         let (answers, queued) = mpsc::channel(STREAM_ANSWERS_QUEUED_MAX);
-        tokio::spawn(self.clone().serve_produce_stream(incoming, answers));
+        tokio::spawn(self.clone().serve_produce_stream(caller, incoming, answers));
         Box::pin(futures_util::stream::unfold(queued, |mut queued| async move {
             queued.recv().await.map(|answer| (Ok(answer), queued))
         }))
@@ -42,6 +49,7 @@ impl KeelService {
 
     async fn serve_produce_stream(
         self,
+        caller: Caller,
         mut incoming: Streaming<pb::ProduceStreamRequest>,
         answers: mpsc::Sender<pb::ProduceStreamResponse>,
     ) {
@@ -57,7 +65,7 @@ impl KeelService {
                 }
                 next = incoming.message(), if reading && handling.len() < STREAM_REQUESTS_IN_FLIGHT_MAX => {
                     match next {
-                        Ok(Some(request)) => handling.push(self.produce_one(request)),
+                        Ok(Some(request)) => handling.push(self.produce_one(&caller, request)),
                         Ok(None) => reading = false,
                         Err(status) => {
                             tracing::debug!(%status, "a produce stream broke; answering what was read");
@@ -70,9 +78,16 @@ impl KeelService {
         }
     }
 
-    async fn produce_one(&self, request: pb::ProduceStreamRequest) -> pb::ProduceStreamResponse {
+    async fn produce_one(&self, caller: &Caller, request: pb::ProduceStreamRequest) -> pb::ProduceStreamResponse {
         let result = match request.request {
-            Some(produce) => self.timed("Produce", self.produce_call(Request::new(produce))).await,
+            Some(produce) => {
+                self.timed("Produce", async {
+                    let needed = [Permission::topic(&produce.topic, Operation::Produce)];
+                    self.allow("Produce", caller, &needed)?;
+                    self.produce_call(Request::new(produce)).await
+                })
+                .await
+            }
             None => Err(Status::invalid_argument("a ProduceStreamRequest needs its `request`")),
         };
         let result = match result {

@@ -1,5 +1,6 @@
 //! `keel.v1.Keel` on a broker node.
 
+use keel_core::access::{Operation, Permission};
 use keel_core::metadata::{
     MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult, RetentionPolicy, TopicInfo,
 };
@@ -8,7 +9,6 @@ use keel_core::placement::PlacementError;
 use keel_core::record::{Header, Record, StoredRecord};
 use keel_core::{Offset, PartitionIndex, ProducerId, Sequence, TimestampMs, TopicName, TopicPartition};
 use keel_proto::v1 as pb;
-use keel_proto::v1::keel_server::Keel;
 use tonic::{Request, Response, Status};
 
 use super::errors::{
@@ -44,11 +44,17 @@ pub struct KeelService {
     pub(super) node: Node,
     /// The bound on writes in flight.
     pub(super) admission: super::admission::Admission,
+    /// Users' secrets already checked against their credentials.
+    pub(super) checked_secrets: std::sync::Arc<super::access::CheckedSecrets>,
 }
 
 impl KeelService {
     pub fn new(node: Node) -> Self {
-        KeelService { node, admission: super::admission::Admission::new(super::WRITE_BYTES_IN_FLIGHT_MAX) }
+        KeelService {
+            node,
+            admission: super::admission::Admission::new(super::WRITE_BYTES_IN_FLIGHT_MAX),
+            checked_secrets: Default::default(),
+        }
     }
 
     /// Run one RPC and count it, with its status code and latency.
@@ -266,7 +272,7 @@ pub(super) fn from_record(stored: StoredRecord) -> pb::StoredRecord {
 /// The RPCs answered in this file; consumer and group RPCs live in
 /// `consumer.rs` and `groups.rs`.
 impl KeelService {
-    async fn allocate_producer_id_call(
+    pub(super) async fn allocate_producer_id_call(
         &self,
         _request: Request<pb::AllocateProducerIdRequest>,
     ) -> Result<Response<pb::AllocateProducerIdResponse>, Status> {
@@ -327,7 +333,10 @@ impl KeelService {
         }
     }
 
-    async fn read_call(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
+    pub(super) async fn read_call(
+        &self,
+        request: Request<pb::ReadRequest>,
+    ) -> Result<Response<pb::ReadResponse>, Status> {
         let request = request.into_inner();
         let partition = self.partition(&request.topic, request.partition).await?;
         let (max_records, max_bytes) = read_budget(request.max_records, request.max_bytes);
@@ -349,7 +358,7 @@ impl KeelService {
         }
     }
 
-    async fn create_topic_call(
+    pub(super) async fn create_topic_call(
         &self,
         request: Request<pb::CreateTopicRequest>,
     ) -> Result<Response<pb::CreateTopicResponse>, Status> {
@@ -380,7 +389,7 @@ impl KeelService {
         Ok(Response::new(pb::CreateTopicResponse { topic: Some(self.describe(&name, info)) }))
     }
 
-    async fn delete_topic_call(
+    pub(super) async fn delete_topic_call(
         &self,
         request: Request<pb::DeleteTopicRequest>,
     ) -> Result<Response<pb::DeleteTopicResponse>, Status> {
@@ -398,7 +407,7 @@ impl KeelService {
         (registered < voters).then_some((registered, voters))
     }
 
-    async fn alter_topic_call(
+    pub(super) async fn alter_topic_call(
         &self,
         request: Request<pb::AlterTopicRequest>,
     ) -> Result<Response<pb::AlterTopicResponse>, Status> {
@@ -427,16 +436,22 @@ impl KeelService {
         Ok(Response::new(pb::AlterTopicResponse { topic: Some(self.describe(&name, info)) }))
     }
 
-    async fn list_topics_call(
+    /// The topics `caller` may describe.
+    pub(super) async fn list_topics_call(
         &self,
-        _request: Request<pb::ListTopicsRequest>,
+        caller: &super::Caller,
     ) -> Result<Response<pb::ListTopicsResponse>, Status> {
         let metadata = self.node.metadata();
-        let topics = metadata.topics().iter().map(|(name, info)| self.describe(name, info)).collect();
+        let topics = metadata
+            .topics()
+            .iter()
+            .filter(|(name, _)| self.may(caller, &Permission::topic(name.as_str(), Operation::Describe)))
+            .map(|(name, info)| self.describe(name, info))
+            .collect();
         Ok(Response::new(pb::ListTopicsResponse { topics }))
     }
 
-    async fn describe_topic_call(
+    pub(super) async fn describe_topic_call(
         &self,
         request: Request<pb::DescribeTopicRequest>,
     ) -> Result<Response<pb::DescribeTopicResponse>, Status> {
@@ -456,7 +471,7 @@ impl KeelService {
         Ok(Response::new(pb::DescribeTopicResponse { topic: Some(self.describe(&name, info)) }))
     }
 
-    async fn describe_cluster_call(
+    pub(super) async fn describe_cluster_call(
         &self,
         _request: Request<pb::DescribeClusterRequest>,
     ) -> Result<Response<pb::DescribeClusterResponse>, Status> {
@@ -488,7 +503,7 @@ impl KeelService {
         }))
     }
 
-    async fn remove_broker_call(
+    pub(super) async fn remove_broker_call(
         &self,
         request: Request<pb::RemoveBrokerRequest>,
     ) -> Result<Response<pb::RemoveBrokerResponse>, Status> {
@@ -496,7 +511,7 @@ impl KeelService {
         Ok(Response::new(pb::RemoveBrokerResponse {}))
     }
 
-    async fn drain_broker_call(
+    pub(super) async fn drain_broker_call(
         &self,
         request: Request<pb::DrainBrokerRequest>,
     ) -> Result<Response<pb::DrainBrokerResponse>, Status> {
@@ -507,7 +522,7 @@ impl KeelService {
         }
     }
 
-    async fn move_partition_call(
+    pub(super) async fn move_partition_call(
         &self,
         request: Request<pb::MovePartitionRequest>,
     ) -> Result<Response<pb::MovePartitionResponse>, Status> {
@@ -523,170 +538,5 @@ impl KeelService {
         let info = metadata.topic(&name).ok_or_else(|| Status::internal("the moved partition's topic is missing"))?;
         let partition = self.describe(&name, info).partitions.into_iter().nth(request.partition as usize);
         Ok(Response::new(pb::MovePartitionResponse { partition }))
-    }
-}
-
-#[tonic::async_trait]
-impl Keel for KeelService {
-    async fn allocate_producer_id(
-        &self,
-        request: Request<pb::AllocateProducerIdRequest>,
-    ) -> Result<Response<pb::AllocateProducerIdResponse>, Status> {
-        self.timed("AllocateProducerId", self.allocate_producer_id_call(request)).await
-    }
-
-    async fn produce(&self, request: Request<pb::ProduceRequest>) -> Result<Response<pb::ProduceResponse>, Status> {
-        self.timed("Produce", self.produce_call(request)).await
-    }
-
-    type ProduceStreamStream = super::produce_stream::ProduceAnswers;
-
-    async fn produce_stream(
-        &self,
-        request: Request<tonic::Streaming<pb::ProduceStreamRequest>>,
-    ) -> Result<Response<Self::ProduceStreamStream>, Status> {
-        Ok(Response::new(self.open_produce_stream(request.into_inner())))
-    }
-
-    async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
-        self.timed("Read", self.read_call(request)).await
-    }
-
-    async fn create_topic(
-        &self,
-        request: Request<pb::CreateTopicRequest>,
-    ) -> Result<Response<pb::CreateTopicResponse>, Status> {
-        self.timed("CreateTopic", self.create_topic_call(request)).await
-    }
-
-    async fn delete_topic(
-        &self,
-        request: Request<pb::DeleteTopicRequest>,
-    ) -> Result<Response<pb::DeleteTopicResponse>, Status> {
-        self.timed("DeleteTopic", self.delete_topic_call(request)).await
-    }
-
-    async fn alter_topic(
-        &self,
-        request: Request<pb::AlterTopicRequest>,
-    ) -> Result<Response<pb::AlterTopicResponse>, Status> {
-        self.timed("AlterTopic", self.alter_topic_call(request)).await
-    }
-
-    async fn list_topics(
-        &self,
-        request: Request<pb::ListTopicsRequest>,
-    ) -> Result<Response<pb::ListTopicsResponse>, Status> {
-        self.timed("ListTopics", self.list_topics_call(request)).await
-    }
-
-    async fn describe_topic(
-        &self,
-        request: Request<pb::DescribeTopicRequest>,
-    ) -> Result<Response<pb::DescribeTopicResponse>, Status> {
-        self.timed("DescribeTopic", self.describe_topic_call(request)).await
-    }
-
-    async fn describe_cluster(
-        &self,
-        request: Request<pb::DescribeClusterRequest>,
-    ) -> Result<Response<pb::DescribeClusterResponse>, Status> {
-        self.timed("DescribeCluster", self.describe_cluster_call(request)).await
-    }
-
-    async fn remove_broker(
-        &self,
-        request: Request<pb::RemoveBrokerRequest>,
-    ) -> Result<Response<pb::RemoveBrokerResponse>, Status> {
-        self.timed("RemoveBroker", self.remove_broker_call(request)).await
-    }
-
-    async fn drain_broker(
-        &self,
-        request: Request<pb::DrainBrokerRequest>,
-    ) -> Result<Response<pb::DrainBrokerResponse>, Status> {
-        self.timed("DrainBroker", self.drain_broker_call(request)).await
-    }
-
-    async fn move_partition(
-        &self,
-        request: Request<pb::MovePartitionRequest>,
-    ) -> Result<Response<pb::MovePartitionResponse>, Status> {
-        self.timed("MovePartition", self.move_partition_call(request)).await
-    }
-
-    async fn join_group(
-        &self,
-        request: Request<pb::JoinGroupRequest>,
-    ) -> Result<Response<pb::JoinGroupResponse>, Status> {
-        self.timed("JoinGroup", async { self.join_group_request(request.into_inner()).await.map(Response::new) }).await
-    }
-
-    async fn heartbeat(
-        &self,
-        request: Request<pb::HeartbeatRequest>,
-    ) -> Result<Response<pb::HeartbeatResponse>, Status> {
-        self.timed("Heartbeat", async { self.heartbeat_request(request.into_inner()).await.map(Response::new) }).await
-    }
-
-    async fn leave_group(
-        &self,
-        request: Request<pb::LeaveGroupRequest>,
-    ) -> Result<Response<pb::LeaveGroupResponse>, Status> {
-        self.timed("LeaveGroup", async { self.leave_group_request(request.into_inner()).await.map(Response::new) })
-            .await
-    }
-
-    async fn poll(&self, request: Request<pb::PollRequest>) -> Result<Response<pb::PollResponse>, Status> {
-        self.timed("Poll", async { self.poll_request(request.into_inner()).await.map(Response::new) }).await
-    }
-
-    async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
-        self.timed("Ack", async { self.ack_request(request.into_inner()).await.map(Response::new) }).await
-    }
-
-    async fn list_groups(
-        &self,
-        _request: Request<pb::ListGroupsRequest>,
-    ) -> Result<Response<pb::ListGroupsResponse>, Status> {
-        self.timed("ListGroups", async { Ok(Response::new(self.list_groups_request())) }).await
-    }
-
-    async fn describe_group(
-        &self,
-        request: Request<pb::DescribeGroupRequest>,
-    ) -> Result<Response<pb::DescribeGroupResponse>, Status> {
-        self.timed("DescribeGroup", async {
-            self.describe_group_request(request.into_inner()).await.map(Response::new)
-        })
-        .await
-    }
-
-    async fn group_position(
-        &self,
-        request: Request<pb::GroupPositionRequest>,
-    ) -> Result<Response<pb::GroupPositionResponse>, Status> {
-        self.timed("GroupPosition", async {
-            self.group_position_request(request.into_inner()).await.map(Response::new)
-        })
-        .await
-    }
-
-    async fn reset_group_position(
-        &self,
-        request: Request<pb::ResetGroupPositionRequest>,
-    ) -> Result<Response<pb::ResetGroupPositionResponse>, Status> {
-        self.timed("ResetGroupPosition", async {
-            self.reset_group_position_request(request.into_inner()).await.map(Response::new)
-        })
-        .await
-    }
-
-    async fn delete_group(
-        &self,
-        request: Request<pb::DeleteGroupRequest>,
-    ) -> Result<Response<pb::DeleteGroupResponse>, Status> {
-        self.timed("DeleteGroup", async { self.delete_group_request(request.into_inner()).await.map(Response::new) })
-            .await
     }
 }

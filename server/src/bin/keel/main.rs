@@ -15,6 +15,7 @@ use keel_server::node::{Node, NodeConfig};
 use keel_server::storage::NodeStore;
 use serde::{Deserialize, Serialize};
 
+mod access;
 mod bench;
 mod cert;
 mod format;
@@ -64,6 +65,22 @@ enum Command {
     /// Measure a cluster: produce or consume load, with rates and latency.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// Create, delete and list users: principals that prove who they are
+    /// with a secret instead of a certificate.
+    #[command(
+        subcommand,
+        after_help = "Example:\n  keel user create alice          # prints a new secret\n  \
+        KEEL_USER=alice KEEL_SECRET=... keel topic list"
+    )]
+    User(access::UserCommand),
+    /// Grant, take back and list access rules (with keel serve --authorize).
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  keel acl add alice produce --topic payments\n  \
+        keel acl add alice consume --topic logs. --prefix\n  keel acl add alice join --group billing\n  \
+        keel acl add ops users --cluster\n  keel acl list alice"
+    )]
+    Acl(access::AclCommand),
     /// Save, choose and list connection profiles (brokers and TLS files).
     #[command(
         subcommand,
@@ -174,6 +191,17 @@ struct ServeArgs {
     #[arg(long, env = "KEEL_TLS_CLIENT_CA")]
     #[serde(skip_serializing_if = "Option::is_none")]
     tls_client_ca: Option<PathBuf>,
+    /// Serve only authenticated callers (a client certificate, or a user and
+    /// its secret), and each only what an access rule (keel acl) grants it.
+    /// Give every broker of the cluster the same setting.
+    #[arg(long, env = "KEEL_AUTHORIZE", num_args = 0..=1, default_missing_value = "true")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    authorize: Option<bool>,
+    /// Principals that may do everything, whatever the rules say: the first
+    /// administrator (a client certificate's common name, or a user).
+    #[arg(long = "super-user", env = "KEEL_SUPER_USERS", value_delimiter = ',')]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    super_users: Option<Vec<String>>,
 }
 
 /// How client commands reach the cluster and print; accepted before or
@@ -208,6 +236,14 @@ pub(crate) struct Connection {
     /// The private key of --tls-cert (PEM).
     #[arg(long, env = "KEEL_TLS_KEY", global = true, requires = "tls_cert")]
     pub(crate) tls_key: Option<PathBuf>,
+    /// Authenticate as this user (made with keel user create), with
+    /// --secret; wins over a client certificate.
+    #[arg(long, env = "KEEL_USER", global = true, requires = "secret")]
+    pub(crate) user: Option<String>,
+    /// The secret of --user. Prefer KEEL_SECRET or a profile: a flag shows
+    /// in the process list.
+    #[arg(long, env = "KEEL_SECRET", global = true, hide_env_values = true, requires = "user")]
+    pub(crate) secret: Option<String>,
 }
 
 /// The broker a client command asks when neither a flag nor a profile names one.
@@ -234,17 +270,23 @@ impl Connection {
         self.client_of(self.broker.clone())
     }
 
-    /// A client of `brokers`, with this connection's policy and TLS.
+    /// A client of `brokers`, with this connection's policy, TLS and user.
     pub(crate) fn client_of(&self, brokers: Vec<String>) -> anyhow::Result<Client> {
-        let Some(ca) = &self.tls_ca else {
-            if self.tls_cert.is_some() {
-                bail!("--tls-cert needs --tls-ca (the CA that signed the brokers' certificates)");
+        let client = match &self.tls_ca {
+            None if self.tls_cert.is_some() => {
+                bail!("--tls-cert needs --tls-ca (the CA that signed the brokers' certificates)")
             }
-            return Ok(Client::new(brokers, self.policy())?);
+            None => Client::new(brokers, self.policy())?,
+            Some(ca) => {
+                let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
+                let tls = keel_client::ClientTls::from_files(ca, identity)?;
+                Client::with_tls(brokers, self.policy(), &tls)?
+            }
         };
-        let identity = self.tls_cert.as_deref().zip(self.tls_key.as_deref());
-        let tls = keel_client::ClientTls::from_files(ca, identity)?;
-        Ok(Client::with_tls(brokers, self.policy(), &tls)?)
+        match (&self.user, &self.secret) {
+            (Some(user), Some(secret)) => Ok(client.with_credentials(keel_client::Credentials::user(user, secret)?)?),
+            _ => Ok(client),
+        }
     }
 }
 
@@ -731,6 +773,8 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
         Command::Bench(command) => bench::run(command, connection).await,
         Command::Cert(command) => cert::run(command),
         Command::Profile(command) => profile::run(command, connection, connection.json),
+        Command::User(command) => access::user(command, connection).await,
+        Command::Acl(command) => access::acl(command, connection).await,
         Command::Completions { shell } => {
             use clap::CommandFactory;
             clap_complete::generate(shell, &mut Cli::command(), "keel", &mut std::io::stdout());
@@ -1100,6 +1144,8 @@ struct Settings {
     tls_key: Option<PathBuf>,
     tls_ca: Option<PathBuf>,
     tls_client_ca: Option<PathBuf>,
+    authorize: bool,
+    super_users: Vec<String>,
 }
 
 impl Default for Settings {
@@ -1119,6 +1165,8 @@ impl Default for Settings {
             tls_key: None,
             tls_ca: None,
             tls_client_ca: None,
+            authorize: false,
+            super_users: Vec::new(),
         }
     }
 }
@@ -1158,11 +1206,22 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
         tls_key,
         tls_ca,
         tls_client_ca,
+        authorize,
+        super_users,
     } = layered(&args)?;
+    let super_users = super_users
+        .iter()
+        .map(|name| {
+            keel_core::Principal::new(name.as_str()).with_context(|| format!("super user {name:?} is not usable"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let access = keel_server::api::AccessSettings { authorize, super_users };
     // The file may set any of them: the flags' own `requires` see only flags.
     let tls = match (tls_cert, tls_key, tls_ca) {
         (Some(cert), Some(key), Some(ca)) => {
-            Some(keel_server::tls::TlsFiles { cert, key, ca, client_ca: tls_client_ca })
+            // Authorising, a client may instead prove itself with a secret.
+            let client_certificate_optional = authorize;
+            Some(keel_server::tls::TlsFiles { cert, key, ca, client_ca: tls_client_ca, client_certificate_optional })
         }
         (None, None, None) if tls_client_ca.is_none() => None,
         _ => bail!(
@@ -1189,10 +1248,12 @@ fn settle(args: ServeArgs) -> anyhow::Result<Settled> {
     if !join.is_empty() {
         // The cluster id comes from the cluster once the broker reaches it.
         let mut config = NodeConfig::new(id, listen, advertise, BTreeMap::new());
+        config.access = access;
         internal(&mut config)?;
         return Ok(Settled { config, data_dir, join: Some(join), metrics_listen, cluster_secret, tls });
     }
     let mut config = NodeConfig::new(id, listen, advertise, BTreeMap::new());
+    config.access = access;
     internal(&mut config)?;
     let internal_advertise = config.internal_advertised.clone();
     let mut voters = BTreeMap::new();
@@ -1272,6 +1333,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         config.tls = Some(keel_server::tls::Tls::load(files).context("setting up TLS")?);
     } else {
         warn_if_exposed(&config, metrics_listen);
+    }
+    if config.access.authorize && config.access.super_users.is_empty() {
+        tracing::warn!("authorisation is on but no --super-user is named: no client can grant the first access rule");
     }
     let single = join.is_none() && config.metadata_voters.len() == 1;
     config.cluster_secret = cluster_secret(given_secret, &data_dir, single)?;

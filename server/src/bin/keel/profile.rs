@@ -6,6 +6,8 @@
 //! over the defaults.
 
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
@@ -17,7 +19,8 @@ use crate::Connection;
 #[derive(Subcommand)]
 pub enum ProfileCommand {
     /// Save the connection flags given (--broker, --tls-ca, --tls-cert,
-    /// --tls-key, --timeout) as profile NAME, and use it from now on.
+    /// --tls-key, --user, --secret, --timeout) as profile NAME, and use it
+    /// from now on.
     Create {
         /// The profile's name (one word).
         name: String,
@@ -50,6 +53,11 @@ pub struct Profile {
     pub tls_key: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The user's secret (the file is readable by its owner only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
 }
 
 /// The profiles file.
@@ -93,8 +101,16 @@ impl Profiles {
         }
         let text = toml::to_string(self).context("writing the profiles")?;
         // Written whole, then renamed over the old file: never half a file.
+        // Readable by its owner only: a profile may hold a user's secret.
         let temporary = path.with_extension("toml.new");
-        std::fs::write(&temporary, text).with_context(|| format!("writing {}", temporary.display()))?;
+        let _ = std::fs::remove_file(&temporary);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&temporary)
+            .with_context(|| format!("creating {}", temporary.display()))?;
+        file.write_all(text.as_bytes()).with_context(|| format!("writing {}", temporary.display()))?;
         std::fs::rename(&temporary, path).with_context(|| format!("replacing {}", path.display()))
     }
 }
@@ -134,6 +150,10 @@ pub fn apply(connection: &mut Connection) -> anyhow::Result<()> {
         connection.tls_cert = profile.tls_cert;
         connection.tls_key = profile.tls_key;
     }
+    if connection.user.is_none() && connection.secret.is_none() {
+        connection.user = profile.user;
+        connection.secret = profile.secret;
+    }
     if connection.timeout.is_none() {
         if let Some(text) = profile.timeout {
             let timeout = humantime::parse_duration(&text)
@@ -163,6 +183,8 @@ pub fn run(command: ProfileCommand, given: &Connection, json: bool) -> anyhow::R
                 tls_cert: given.tls_cert.as_deref().map(absolute).transpose()?,
                 tls_key: given.tls_key.as_deref().map(absolute).transpose()?,
                 timeout: given.timeout.map(|t| humantime::format_duration(t).to_string()),
+                user: given.user.clone(),
+                secret: given.secret.clone(),
             };
             let replaced = profiles.profiles.insert(name.clone(), profile).is_some();
             profiles.current = Some(name.clone());
@@ -189,11 +211,16 @@ pub fn run(command: ProfileCommand, given: &Connection, json: bool) -> anyhow::R
             println!("deleted profile {name}");
         }
         ProfileCommand::List => {
+            for profile in profiles.profiles.values_mut() {
+                if profile.secret.is_some() {
+                    profile.secret = Some("(hidden)".to_string());
+                }
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&profiles)?);
                 return Ok(());
             }
-            let mut table = crate::table(&["", "PROFILE", "BROKERS", "TLS"], &[]);
+            let mut table = crate::table(&["", "PROFILE", "BROKERS", "TLS", "USER"], &[]);
             for (name, profile) in &profiles.profiles {
                 let current = if profiles.current.as_deref() == Some(name.as_str()) { "*" } else { "" };
                 let tls = match (&profile.tls_ca, &profile.tls_cert) {
@@ -206,7 +233,8 @@ pub fn run(command: ProfileCommand, given: &Connection, json: bool) -> anyhow::R
                 } else {
                     profile.broker.join(",")
                 };
-                table.add_row(vec![current.to_string(), name.clone(), brokers, tls.to_string()]);
+                let user = profile.user.clone().unwrap_or_default();
+                table.add_row(vec![current.to_string(), name.clone(), brokers, tls.to_string(), user]);
             }
             crate::print_table(&table);
         }
