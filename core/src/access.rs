@@ -169,6 +169,14 @@ impl Operation {
         Operation::ALL.into_iter().find(|op| op.name() == name)
     }
 
+    /// Whether a rule granting this also lets the principal see the
+    /// resource (as in Kafka: who may write, read, delete or alter a topic
+    /// may describe it). Creating does not.
+    pub fn implies_describe(self) -> bool {
+        use Operation::*;
+        matches!(self, Produce | Consume | Delete | Alter | Join | Reset)
+    }
+
     /// Whether this operation means anything on `kind`.
     pub fn applies_to(self, kind: ResourceKind) -> bool {
         use Operation::*;
@@ -269,7 +277,8 @@ struct Grant {
 impl Grant {
     fn allows(&self, needed: &Permission) -> bool {
         self.resource == needed.resource
-            && self.operation == needed.operation
+            && (self.operation == needed.operation
+                || (needed.operation == Operation::Describe && self.operation.implies_describe()))
             && match self.pattern {
                 PatternKind::Literal => self.name == needed.name,
                 PatternKind::Prefix => needed.name.starts_with(&self.name),
@@ -554,6 +563,21 @@ mod tests {
         assert!(!rules.allows(&bob, &Permission::topic("payments", Operation::Produce)));
         assert!(rules.allows_somewhere(&alice(), ResourceKind::Topic, Operation::Produce));
         assert!(!rules.allows_somewhere(&bob, ResourceKind::Topic, Operation::Produce));
+    }
+
+    #[test]
+    fn who_may_use_a_resource_may_describe_it_but_not_who_may_create_it() {
+        let mut rules = AccessRules::default();
+        rules.add_acl(&acl("alice", ResourceKind::Topic, PatternKind::Literal, "payments", Operation::Create)).unwrap();
+        assert!(!rules.allows(&alice(), &Permission::topic("payments", Operation::Describe)));
+        rules
+            .add_acl(&acl("alice", ResourceKind::Topic, PatternKind::Literal, "payments", Operation::Produce))
+            .unwrap();
+        assert!(rules.allows(&alice(), &Permission::topic("payments", Operation::Describe)));
+        assert!(!rules.allows(&alice(), &Permission::topic("payments", Operation::Consume)));
+        rules.add_acl(&acl("alice", ResourceKind::Group, PatternKind::Prefix, "g", Operation::Join)).unwrap();
+        assert!(rules.allows(&alice(), &Permission::group("g1", Operation::Describe)));
+        assert!(!rules.allows(&alice(), &Permission::group("g1", Operation::Reset)));
     }
 
     #[test]

@@ -50,11 +50,14 @@ pub enum Bug {
     /// as done: it neither stops nor withholds its reports, so entries it
     /// never wrote are reported persisted (G1 at the kill that follows).
     WriteErrorsIgnored,
+    /// A broker checks who an authenticated caller is but not its access
+    /// rules: an intruder with a secret is served whatever it asks.
+    AclIgnored,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 13] = [
+    pub const ALL: [Bug; 14] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -68,6 +71,7 @@ impl Bug {
         Bug::RefuseProducesAfterFailover,
         Bug::ForgetKeepsPositions,
         Bug::WriteErrorsIgnored,
+        Bug::AclIgnored,
     ];
 
     /// The name used on the command line.
@@ -86,6 +90,7 @@ impl Bug {
             Bug::RefuseProducesAfterFailover => "refuse-produces-after-failover",
             Bug::ForgetKeepsPositions => "forget-keeps-positions",
             Bug::WriteErrorsIgnored => "write-errors-ignored",
+            Bug::AclIgnored => "acl-ignored",
         }
     }
 }

@@ -30,6 +30,7 @@ use keel_core::{PartitionIndex, TopicName, TopicPartition};
 use keel_server::clock::{Clock, Skew};
 use keel_server::group::GroupId;
 use keel_server::node::{Node, NodeConfig};
+use keel_server::raft::types::{Command, Response as Applied};
 use keel_server::storage::crash_disk::NodeDisk;
 use keel_server::storage::{NodeStore, PersistedMark};
 use madsim::net::NetSim;
@@ -98,6 +99,7 @@ impl Plant {
             Plant::Bug(Bug::RefuseProducesAfterFailover) => L1,
             Plant::Bug(Bug::ForgetKeepsPositions) => G4,
             Plant::Bug(Bug::WriteErrorsIgnored) => G1,
+            Plant::Bug(Bug::AclIgnored) => Refusal,
         }
     }
 
@@ -158,6 +160,9 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         // Records retention removes are exempt from the checks a plant must
         // trip: no retention in negative controls.
         scenario.retention_bytes = None;
+        // Nor access control, unless the plant is about it: the controls
+        // keep the runs their seeds were chosen for.
+        scenario.access_control = plant == Plant::Bug(Bug::AclIgnored);
         scenario.enable(plant.needs());
         // Make the trigger frequent.
         scenario.fault_interval_ms = 800;
@@ -169,6 +174,9 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         }
         if plant == Plant::Bug(Bug::SnapshotDropsLastRecord) {
             scenario.snapshot_every = Some(scenario.snapshot_every.unwrap_or(10).min(10));
+        }
+        if plant == Plant::Bug(Bug::AclIgnored) {
+            scenario.hostile_clients = true;
         }
         if plant == Plant::Bug(Bug::ConsumerNoOrderFilter) {
             scenario.ack_every_polls = scenario.ack_every_polls.max(2);
@@ -364,7 +372,16 @@ impl World {
             request_timeout: Duration::from_secs(2),
             give_up_when_unreachable: false,
         };
-        Client::new(brokers, policy).expect("broker addresses")
+        self.as_user(Client::new(brokers, policy).expect("broker addresses"), APP_USER, APP_SECRET)
+    }
+
+    /// `client` authenticating as `user` when the run authorises requests.
+    fn as_user(&self, client: Client, user: &str, secret: &str) -> Client {
+        if !self.scenario.access_control {
+            return client;
+        }
+        let credentials = keel_client::Credentials::user(user, secret).expect("printable credentials");
+        client.with_credentials(credentials).expect("a new client")
     }
 
     fn live_nodes(&self) -> Vec<Node> {
@@ -396,6 +413,7 @@ fn start_broker(
         decommissioned: Arc::new(AtomicBool::new(false)),
     };
     let snapshot_every = scenario.snapshot_every;
+    let access_control = scenario.access_control;
     let init_slot = slot.clone();
     let host = handle
         .create_node()
@@ -438,6 +456,12 @@ fn start_broker(
                     NodeConfig::new(id, address, address.to_string(), voters.clone())
                 };
                 config.retention_interval = Duration::from_secs(1);
+                if access_control {
+                    config.access = keel_server::api::AccessSettings {
+                        authorize: true,
+                        super_users: [keel_core::Principal::new(SUPER_USER).expect("a principal")].into(),
+                    };
+                }
                 if let Some(every) = snapshot_every {
                     config.raft.snapshot_policy = openraft::SnapshotPolicy::LogsSinceLast(every);
                     // Purge right behind each snapshot: a replica that falls
@@ -615,7 +639,66 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
     world.now_ms()
 }
 
+/// The workload's user, whose rules grant everything the workload does.
+const APP_USER: &str = "app";
+const APP_SECRET: &str = "app-secret";
+/// The intruder of the hostile lane: it may describe topics, nothing more.
+const INTRUDER: &str = "mallory";
+const INTRUDER_SECRET: &str = "mallory-secret";
+/// A super user no client authenticates as (the brokers are told of one,
+/// as an operator's would be).
+const SUPER_USER: &str = "sim-admin";
+
+/// With access control: the run's users and rules, proposed straight to the
+/// metadata leader before any client runs (as an operator's first
+/// administrator would create them; the simulation has no TLS, so no
+/// certificate could).
+async fn bootstrap_access(world: &World) {
+    use keel_core::access::{Acl, Credential, Operation, PatternKind, ResourceKind};
+    use keel_core::metadata::MetadataCommand;
+    if !world.scenario.access_control {
+        return;
+    }
+    let mut rng = madsim::rand::thread_rng();
+    let mut commands = Vec::new();
+    for (user, secret) in [(APP_USER, APP_SECRET), (INTRUDER, INTRUDER_SECRET)] {
+        let salt: [u8; 16] = rng.gen();
+        // Few rounds: the simulation runs debug builds too.
+        let credential = Credential::derive(secret.as_bytes(), salt.to_vec(), 16);
+        commands.push(MetadataCommand::SetUser { user: user.into(), credential, replace: true });
+    }
+    let grant = |principal: &str, resource: ResourceKind, operation: Operation| MetadataCommand::AddAcl {
+        acl: Acl {
+            principal: principal.into(),
+            resource,
+            pattern: if resource == ResourceKind::Cluster { PatternKind::Literal } else { PatternKind::Prefix },
+            name: String::new(),
+            operation,
+        },
+    };
+    for operation in [Operation::Produce, Operation::Consume, Operation::Create, Operation::Delete, Operation::Alter] {
+        commands.push(grant(APP_USER, ResourceKind::Topic, operation));
+    }
+    for operation in [Operation::Join, Operation::Reset, Operation::Delete] {
+        commands.push(grant(APP_USER, ResourceKind::Group, operation));
+    }
+    commands.push(grant(APP_USER, ResourceKind::Cluster, Operation::Brokers));
+    commands.push(grant(INTRUDER, ResourceKind::Topic, Operation::Describe));
+    for command in commands {
+        'applied: loop {
+            for node in world.live_nodes() {
+                let proposed = node.propose(&GroupId::Metadata, Command::Metadata(command.clone())).await;
+                if let Ok(Applied::Metadata(Ok(_))) = proposed {
+                    break 'applied;
+                }
+            }
+            madsim::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
 async fn setup_topics(world: &World) {
+    bootstrap_access(world).await;
     let client = world.client();
     // Every broker registers itself on the metadata leader first.
     loop {
@@ -1408,12 +1491,25 @@ fn lane_hostile(
             give_up_when_unreachable: false,
         };
         let brokers = (1..=world.scenario.brokers).map(|id| broker_address(id).to_string()).collect();
-        let client = Client::new(brokers, policy).expect("broker addresses");
+        let brokers: Vec<String> = brokers;
+        // One client per identity: a client's credentials are its own.
+        let new_client = || Client::new(brokers.clone(), policy).expect("broker addresses");
+        let client = world.as_user(new_client(), APP_USER, APP_SECRET);
+        let intruders = Intruders {
+            intruder: world.as_user(new_client(), INTRUDER, INTRUDER_SECRET),
+            wrong_secret: world.as_user(new_client(), APP_USER, "not-the-secret"),
+            anonymous: new_client(),
+        };
         let process = "hostile";
         while !over.load(Ordering::SeqCst) {
             madsim::time::sleep(Duration::from_millis(rng.gen_range(300..1_500))).await;
             let topic = world.scenario.topics[rng.gen_range(0..world.scenario.topics.len())].clone();
             let partition = rng.gen_range(0..topic.partitions);
+            if world.scenario.access_control && rng.gen_bool(0.4) {
+                let (attack, accepted) = intrude(&intruders, &topic, partition, &mut rng).await;
+                world.record(process, EventKind::Hostile { attack, accepted });
+                continue;
+            }
             let Ok(group) = client.describe_group("g").await else { continue };
             let real = group.members.first().map(|m| m.member.clone());
             // Who the forgery claims to be: a stranger, or a real member
@@ -1534,6 +1630,121 @@ fn lane_hostile(
             }
         }
     })
+}
+
+/// The callers of the hostile lane that must not be served.
+struct Intruders {
+    /// Authenticated, with a rule to describe topics only.
+    intruder: Client,
+    /// The workload's user with a wrong secret.
+    wrong_secret: Client,
+    /// No credentials at all.
+    anonymous: Client,
+}
+
+/// One request from a caller without the permission it needs: what was
+/// tried, and the answer if it was served (which it must not be).
+async fn intrude(
+    intruders: &Intruders,
+    topic: &TopicSpec,
+    partition: u32,
+    rng: &mut impl Rng,
+) -> (String, Option<String>) {
+    let served = |what: &str| Some(what.to_string());
+    let Intruders { intruder, wrong_secret, anonymous } = intruders;
+    let name = topic.name.as_str();
+    // Values no producer of the run makes: a consumer reading one would also
+    // show that the produce was served.
+    let produce = pb::ProduceRequest {
+        topic: name.to_string(),
+        partition,
+        records: vec![pb::Record {
+            value: format!("intruder-{}", rng.gen::<u32>()).into_bytes(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    match rng.gen_range(0..10) {
+        0 => (
+            format!("{INTRUDER} produces to {name}/{partition}"),
+            intruder.produce(produce).await.ok().map(|r| format!("appended at {}", r.base_offset)),
+        ),
+        1 => (
+            format!("{INTRUDER} deletes topic {name}"),
+            intruder.delete_topic(name).await.ok().and_then(|()| served("deleted")),
+        ),
+        2 => {
+            let request = pb::CreateTopicRequest {
+                topic: "intruded".into(),
+                partitions: 1,
+                replication_factor: 1,
+                ..Default::default()
+            };
+            (
+                format!("{INTRUDER} creates a topic"),
+                intruder.create_topic(request).await.ok().map(|t| format!("created {}", t.name)),
+            )
+        }
+        3 => {
+            let request = pb::JoinGroupRequest {
+                group: "g".into(),
+                member: "intruder".into(),
+                topics: vec![name.to_string()],
+                session_timeout_ms: 3_000,
+            };
+            let joined = intruder
+                .call(keel_client::Route::Metadata, |mut c| {
+                    let r = request.clone();
+                    async move { c.join_group(r).await }
+                })
+                .await;
+            (format!("{INTRUDER} joins group g"), joined.ok().map(|j| format!("joined at generation {}", j.generation)))
+        }
+        4 => {
+            let request = pb::ResetGroupPositionRequest {
+                group: "g".into(),
+                topic: name.to_string(),
+                partition,
+                to: Some(pb::reset_group_position_request::To::Earliest(true)),
+            };
+            (
+                format!("{INTRUDER} resets group g on {name}/{partition}"),
+                intruder.reset_group_position(request).await.ok().map(|p| format!("reset to {p}")),
+            )
+        }
+        5 => {
+            let acl = pb::Acl {
+                principal: INTRUDER.into(),
+                resource: "topic".into(),
+                name: String::new(),
+                prefix: true,
+                operation: "produce".into(),
+            };
+            (
+                format!("{INTRUDER} grants itself produce"),
+                intruder.add_acl(acl).await.ok().map(|added| format!("added: {added}")),
+            )
+        }
+        6 => {
+            let credential = keel_core::access::Credential::derive(b"x", vec![1; 16], 1);
+            (
+                format!("{INTRUDER} replaces {APP_USER}'s secret"),
+                intruder.set_user(APP_USER, &credential, true).await.ok().map(|r| format!("replaced: {r}")),
+            )
+        }
+        7 => (
+            format!("{INTRUDER} removes broker 1"),
+            intruder.remove_broker(1).await.ok().and_then(|()| served("removed")),
+        ),
+        8 => (
+            format!("a wrong secret produces to {name}/{partition}"),
+            wrong_secret.produce(produce).await.ok().map(|r| format!("appended at {}", r.base_offset)),
+        ),
+        _ => (
+            format!("an anonymous caller produces to {name}/{partition}"),
+            anonymous.produce(produce).await.ok().map(|r| format!("appended at {}", r.base_offset)),
+        ),
+    }
 }
 
 /// The id of `topic`'s current incarnation, as the most advanced live

@@ -228,6 +228,13 @@ pub struct Scenario {
     /// it removes need neither survive nor be consumed.
     #[serde(default)]
     pub retention_bytes: Option<u64>,
+    /// Brokers authorise every request (`--authorize`): the workload runs
+    /// as a user whose rules grant what it does, and (with hostile clients)
+    /// an intruder with a rule to describe topics only, an anonymous caller
+    /// and a caller with a wrong secret try what they may not; each must be
+    /// refused and change nothing.
+    #[serde(default)]
+    pub access_control: bool,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -282,6 +289,7 @@ impl Scenario {
             topic_lifecycle: false,
             hostile_clients: false,
             retention_bytes: None,
+            access_control: false,
         }
         .with_later_lanes(&mut rng, all_faults)
     }
@@ -311,6 +319,7 @@ impl Scenario {
             }
         }
         self.faults.sort();
+        self.access_control = all_faults || rng.gen_bool(0.5);
         self
     }
 
@@ -337,7 +346,7 @@ impl Scenario {
             "seed {seed}: {brokers} brokers; topics {topics}; {producers} producers x {batches} batches of 1-{records} \
              records every {interval} ms{batching}; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
              hostile ack every {hostile}); \
-             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots};{membership}{hostile_client}{retention} \
+             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots};{membership}{hostile_client}{retention}{access} \
              safety {safety} ms, liveness bound {liveness} ms",
             seed = self.seed,
             brokers = self.brokers,
@@ -362,6 +371,7 @@ impl Scenario {
                 (false, false) => "",
             },
             hostile_client = if self.hostile_clients { " a hostile client forges acks, polls and produces;" } else { "" },
+            access = if self.access_control { " requests are authorised against access rules;" } else { "" },
             retention = self.retention_bytes.map_or_else(String::new, |b| format!(" retention keeps {b} bytes per partition;")),
             max_faults = self.max_faults.map_or_else(String::new, |n| format!(", at most {n}")),
             snapshots = match self.snapshot_every {

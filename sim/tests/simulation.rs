@@ -310,3 +310,11 @@ fn g1_at_the_kill_catches_a_store_that_goes_on_past_a_failed_write() {
     // the kill that follows finds.
     caught_within(Plant::Bug(Bug::WriteErrorsIgnored), 3);
 }
+
+#[test]
+fn refusal_catches_a_broker_that_ignores_access_rules() {
+    // The access lane: an intruder whose only rule is to describe topics
+    // produces, deletes topics, joins groups and grants itself rules; a
+    // broker that checks who it is but not what it may do serves it.
+    caught_within(Plant::Bug(Bug::AclIgnored), 3);
+}

@@ -217,5 +217,16 @@ fn the_tls_walkthrough_runs_as_written() {
     let (status, refused) =
         shell.run("env -u KEEL_TLS_CERT -u KEEL_TLS_KEY keel topic list --broker 127.0.0.1:7271 --timeout 5s");
     assert_ne!(status, 0, "{refused}");
-    assert!(refused.contains("TLS handshake"), "{refused}");
+    assert!(refused.contains("authenticated callers only"), "{refused}");
+    // Alice may produce to payments (and so describe it), nothing more.
+    let alice = "KEEL_USER=alice KEEL_SECRET=$ALICE_SECRET";
+    let (status, described) = shell.run(&format!("{alice} keel topic describe payments --broker 127.0.0.1:7271"));
+    assert_eq!(status, 0, "{described}");
+    let (status, refused) =
+        shell.run(&format!("{alice} keel read payments --partition 0 --max-records 1 --broker 127.0.0.1:7271"));
+    assert_ne!(status, 0, "{refused}");
+    assert!(refused.contains("alice lacks consume on topic payments"), "{refused}");
+    let (status, refused) = shell.run("KEEL_USER=alice KEEL_SECRET=wrong keel topic list --broker 127.0.0.1:7271");
+    assert_ne!(status, 0, "{refused}");
+    assert!(refused.contains("secret is wrong"), "{refused}");
 }

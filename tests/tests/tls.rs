@@ -207,7 +207,11 @@ fn a_tls_broker_serves_the_clients_it_trusts_and_refuses_the_rest() {
     for (case, output, why) in refused {
         assert!(!succeeded(&output), "{case}: served");
         assert!(!String::from_utf8_lossy(&output.stdout).contains("secure"), "{case}: listed the topic");
-        assert!(stderr(&output).contains(why), "{case}: {}", stderr(&output));
+        // Under TLS 1.3 a client sends its request before the broker has
+        // checked its certificate; on a loaded machine the broker's alert
+        // can lose that race, and the call shows only as cancelled.
+        let cancelled = why.starts_with("Certificate") && stderr(&output).contains("canceled");
+        assert!(stderr(&output).contains(why) || cancelled, "{case}: {}", stderr(&output));
     }
     // A client that does not trust the broker's CA refuses the broker.
     let distrusting = keel(
@@ -634,7 +638,10 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         let admin = admin.clone();
         async move { admin.list_groups().await.unwrap().is_empty() }
     };
+    // Describing a group needs its own rule, or one to use the group.
+    assert_eq!(code(&alice.describe_group("a.g").await), Code::PermissionDenied);
     let joined = needs!(rule("alice", "join", "group", "a.g"), join_call().await, no_group().await);
+    assert!(alice.describe_group("a.g").await.is_ok(), "a member may not describe its group");
     let poll = pb::PollRequest {
         group: "a.g".into(),
         member: "m1".into(),
@@ -658,7 +665,6 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
     };
     let polled = poll_call(&alice).await;
     assert!(polled.is_ok(), "a member with join and consume could not poll: {:?}", polled.err());
-    needs!(rule("alice", "describe", "group", "a.g"), alice.describe_group("a.g").await, true);
     let heartbeat = pb::HeartbeatRequest {
         group: "a.g".into(),
         member: "m1".into(),
@@ -716,10 +722,124 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
     );
     needs!(rule("alice", "acls", "cluster", ""), alice.list_acls("").await, true);
 
-    // Refusals are counted.
+    // A principal with no rules is refused by every RPC that needs one.
+    let bob = client_as(&address, &cluster_ca.pem, None, Some(("bob", "bobs-secret")));
+    let ack = pb::AckRequest {
+        group: "a.g".into(),
+        member: "m1".into(),
+        generation: joined.generation,
+        topic: "a.t".into(),
+        partition: 0,
+        offset: 0,
+        member_epoch: joined.member_epoch,
+        topic_id: None,
+    };
+    let produce_unary = produce.clone();
+    let refusals: Vec<(&str, Code)> = vec![
+        (
+            "Produce",
+            code(
+                &bob.call(keel_client::Route::Any, |mut c| {
+                    let r = produce_unary.clone();
+                    async move { c.produce(r).await }
+                })
+                .await,
+            ),
+        ),
+        ("ProduceStream", code(&bob.produce(produce.clone()).await)),
+        ("AllocateProducerId", code(&bob.allocate_producer_id().await)),
+        ("Read", code(&bob.read(read.clone()).await)),
+        ("CreateTopic", code(&bob.create_topic(topic("b.t", 1)).await)),
+        ("DeleteTopic", code(&bob.delete_topic("other").await)),
+        (
+            "AlterTopic",
+            code(
+                &bob.alter_topic(pb::AlterTopicRequest {
+                    topic: "other".into(),
+                    partitions: Some(3),
+                    ..Default::default()
+                })
+                .await,
+            ),
+        ),
+        ("DescribeTopic", code(&bob.describe_topic("other").await)),
+        ("DrainBroker", code(&bob.drain_broker(1).await)),
+        ("RemoveBroker", code(&bob.remove_broker(1).await)),
+        ("MovePartition", code(&bob.move_partition("other", 0, vec![1]).await)),
+        (
+            "JoinGroup",
+            code(
+                &bob.call(keel_client::Route::Metadata, |mut c| {
+                    let r = join.clone();
+                    async move { c.join_group(r).await }
+                })
+                .await,
+            ),
+        ),
+        (
+            "Heartbeat",
+            code(
+                &bob.call(keel_client::Route::Metadata, |mut c| {
+                    let r = heartbeat.clone();
+                    async move { c.heartbeat(r).await }
+                })
+                .await,
+            ),
+        ),
+        (
+            "LeaveGroup",
+            code(
+                &bob.call(keel_client::Route::Metadata, |mut c| {
+                    let r = leave.clone();
+                    async move { c.leave_group(r).await }
+                })
+                .await,
+            ),
+        ),
+        ("Poll", code(&poll_call(&bob).await)),
+        (
+            "Ack",
+            code(
+                &bob.call(keel_client::Route::Any, |mut c| {
+                    let r = ack.clone();
+                    async move { c.ack(r).await }
+                })
+                .await,
+            ),
+        ),
+        ("DescribeGroup", code(&bob.describe_group("a.g").await)),
+        ("GroupPosition", code(&bob.group_position("a.g", "other", 0).await)),
+        (
+            "ResetGroupPosition",
+            code(
+                &bob.reset_group_position(pb::ResetGroupPositionRequest {
+                    group: "a.g".into(),
+                    topic: "other".into(),
+                    partition: 0,
+                    to: Some(pb::reset_group_position_request::To::Earliest(true)),
+                })
+                .await,
+            ),
+        ),
+        ("DeleteGroup", code(&bob.delete_group("a.g").await)),
+        ("SetUser", code(&bob.set_user("carol", &credential("carols-secret"), false).await)),
+        ("DeleteUser", code(&bob.delete_user("alice").await)),
+        ("ListUsers", code(&bob.list_users().await)),
+        ("AddAcl", code(&bob.add_acl(rule("bob", "produce", "topic", "other")).await)),
+        ("RemoveAcl", code(&bob.remove_acl(rule("alice", "users", "cluster", "")).await)),
+        ("ListAcls", code(&bob.list_acls("").await)),
+    ];
+    for (rpc, answer) in refusals {
+        assert_eq!(answer, Code::PermissionDenied, "{rpc} served a principal with no rules");
+    }
+    assert!(bob.list_topics().await.unwrap().is_empty() && bob.list_groups().await.unwrap().is_empty());
+    assert_eq!(admin.list_users().await.unwrap(), ["alice", "bob"], "a refused call changed the users");
+    assert_eq!(admin.describe_topic("other").await.unwrap().partitions.len(), 1, "a refused call altered a topic");
+
+    // Refusals are counted: Alice's produce, and Bob's unary and streamed ones.
     let scraped = https_metrics_answer(&metrics, &cluster_ca.pem).unwrap();
     assert!(
-        scraped.contains("keel_requests_refused_total{rpc=\"Produce\",lacked=\"produce on topic\"} 1"),
+        scraped.contains("keel_requests_refused_total{rpc=\"Produce\",lacked=\"produce on topic\"} 3"),
         "{scraped}"
     );
     assert!(scraped.contains("lacked=\"authentication\""), "{scraped}");

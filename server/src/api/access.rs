@@ -149,6 +149,12 @@ impl KeelService {
     /// super user).
     fn unrestricted(&self, caller: &Caller) -> bool {
         let settings = &self.node.config().access;
+        #[cfg(madsim)]
+        if keel_core::planted::is_planted(keel_core::planted::Bug::AclIgnored)
+            && matches!(caller, Caller::Principal { .. })
+        {
+            return true;
+        }
         match caller {
             _ if !settings.authorize => true,
             Caller::Anonymous => false,

@@ -66,7 +66,7 @@ mod cli {
         /// never-expire-members, batching-answers-newest,
         /// persisted-before-sync, snapshot-drops-last-record,
         /// refuse-produces-after-failover, forget-keeps-positions,
-        /// write-errors-ignored,
+        /// write-errors-ignored, acl-ignored,
         /// state-across-runs (caught only with --check-determinism).
         #[arg(long)]
         plant: Option<String>,
