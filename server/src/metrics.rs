@@ -260,7 +260,8 @@ impl Metrics {
         registry.register(
             "requests_refused",
             "API requests refused for lack of a permission (by RPC and the permission's operation and resource \
-             kind, e.g. `produce on topic`) or of authentication (`authentication`)",
+             kind, e.g. `produce on topic`), of authentication (`authentication`), or made with a broker's \
+             certificate (`broker`)",
             metrics.refused.clone(),
         );
         registry.register("request_duration_seconds", "API request latency, by RPC", metrics.latency.clone());

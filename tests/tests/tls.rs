@@ -556,6 +556,8 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
     // Anonymous callers and wrong secrets are not served at all.
     let anonymous = client_as(&address, &cluster_ca.pem, None, None);
     assert_eq!(code(&anonymous.list_topics().await), Code::Unauthenticated);
+    // Looking the cluster up is open to all (clients route, brokers join by it).
+    assert_eq!(anonymous.describe_cluster().await.unwrap().brokers.len(), 1);
     let wrong = client_as(&address, &cluster_ca.pem, None, Some(("alice", "not-it")));
     assert_eq!(code(&wrong.list_topics().await), Code::Unauthenticated);
     let nobody = client_as(&address, &cluster_ca.pem, None, Some(("nobody", "x")));
@@ -721,6 +723,8 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         admin.list_users().await.unwrap() == ["alice"]
     );
     needs!(rule("alice", "acls", "cluster", ""), alice.list_acls("").await, true);
+    // Who may manage users still may not take over a super user.
+    assert_eq!(code(&alice.set_user("admin", &credential("mine-now"), true).await), Code::PermissionDenied);
 
     // A principal with no rules is refused by every RPC that needs one.
     let bob = client_as(&address, &cluster_ca.pem, None, Some(("bob", "bobs-secret")));
@@ -844,7 +848,9 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
     );
     assert!(scraped.contains("lacked=\"authentication\""), "{scraped}");
 
-    // A deleted user's secret stops working at once.
+    // A deleted user's secret stops working at once, on its open produce
+    // stream too.
     admin.delete_user("alice").await.unwrap();
     assert_eq!(code(&alice.list_topics().await), Code::Unauthenticated);
+    assert_eq!(code(&alice.produce(produce.clone()).await), Code::Unauthenticated);
 }

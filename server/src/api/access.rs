@@ -10,15 +10,18 @@
 //! With [`AccessSettings::authorize`] on, an anonymous caller is refused
 //! (UNAUTHENTICATED) and any other may do only what a rule of the metadata
 //! grants it (PERMISSION_DENIED, naming the permission it lacked, counted in
-//! `keel_requests_refused_total`); brokers and the configured super users
-//! may do everything. Rules are read from this broker's metadata on every
+//! `keel_requests_refused_total`); the configured super users may do
+//! everything. A broker's certificate grants nothing here: brokers act on
+//! the internal listener, and on this one only look the cluster up
+//! (DescribeCluster, open to every caller, so that a broker joining a
+//! plaintext cluster can too). Rules are read from this broker's metadata on every
 //! request, so a rule removed, or a user deleted, stops working on the next
 //! request, even on an open connection.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
-use keel_core::access::{Operation, Permission, SECRET_BYTES_MAX};
+use keel_core::access::{Credential, Operation, Permission, SECRET_BYTES_MAX};
 use keel_core::Principal;
 use sha2::Digest;
 use tonic::{Request, Status};
@@ -63,13 +66,20 @@ pub enum Caller {
 }
 
 /// Secrets found to match a user's credential: (user, SHA-256 of the
-/// secret) to the credential's hash, so a changed credential is checked
-/// again.
+/// secret) to the credential, so a changed credential is checked again.
 #[derive(Debug, Default)]
-pub struct CheckedSecrets(Mutex<BTreeMap<SecretKey, Vec<u8>>>);
+pub struct CheckedSecrets(Mutex<BTreeMap<SecretKey, Credential>>);
 
 /// A user and the SHA-256 of a secret it presented.
 type SecretKey = (Principal, [u8; 32]);
+
+/// The user and secret `request` presented, if any (kept by a stream to
+/// check again, see [`KeelService::still_valid`]).
+pub(super) fn presented_secret<T>(request: &Request<T>) -> Option<(String, Vec<u8>)> {
+    let user = request.metadata().get(USER_METADATA)?.to_str().ok()?.to_string();
+    let secret = request.metadata().get(SECRET_METADATA)?.as_bytes().to_vec();
+    Some((user, secret))
+}
 
 /// Who a client certificate names: a broker, or a principal (its common
 /// name).
@@ -115,8 +125,19 @@ impl KeelService {
         Ok(Caller::Anonymous)
     }
 
+    /// Check `caller` again, as a long-lived stream does before each of its
+    /// requests: a user deleted or given a new secret since is refused.
+    pub(super) fn still_valid(&self, caller: &Caller, presented: &Option<(String, Vec<u8>)>) -> Result<(), Status> {
+        match (caller, presented) {
+            (Caller::Principal { proof: Proof::Secret, .. }, Some((user, secret))) => {
+                self.check_secret(user, secret).map(drop)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The principal `user` if `secret` is its secret.
-    fn check_secret(&self, user: &str, secret: &[u8]) -> Result<Principal, Status> {
+    pub(super) fn check_secret(&self, user: &str, secret: &[u8]) -> Result<Principal, Status> {
         let refused = || {
             Status::unauthenticated(format!(
                 "user {user:?} does not exist or the secret is wrong: check --user and --secret (KEEL_USER, \
@@ -131,7 +152,7 @@ impl KeelService {
         let credential = metadata.access().user(&principal).ok_or_else(refused)?;
         let key = (principal.clone(), sha2::Sha256::digest(secret).into());
         let checked = &self.checked_secrets.0;
-        if checked.lock().expect("checked secrets").get(&key) == Some(&credential.hash) {
+        if checked.lock().expect("checked secrets").get(&key) == Some(credential) {
             return Ok(principal);
         }
         if !credential.matches(secret) {
@@ -141,7 +162,7 @@ impl KeelService {
         if checked.len() >= CHECKED_SECRETS_MAX {
             checked.clear();
         }
-        checked.insert(key, credential.hash.clone());
+        checked.insert(key, credential.clone());
         Ok(principal)
     }
 
@@ -157,8 +178,9 @@ impl KeelService {
         }
         match caller {
             _ if !settings.authorize => true,
-            Caller::Anonymous => false,
-            Caller::Broker(_) => true,
+            // Brokers act on the internal listener; on this one they only
+            // look the cluster up, which any caller may.
+            Caller::Anonymous | Caller::Broker(_) => false,
             Caller::Principal { principal, .. } => settings.super_users.contains(principal),
         }
     }
@@ -168,12 +190,22 @@ impl KeelService {
         if self.unrestricted(caller) {
             return Ok(());
         }
-        let Caller::Principal { principal, .. } = caller else {
-            self.node.metrics().refused(rpc, "authentication");
-            return Err(Status::unauthenticated(
-                "this cluster serves authenticated callers only: give a client certificate (--tls-cert, \
-                 --tls-key), or a user and its secret (--user, --secret)",
-            ));
+        let principal = match caller {
+            Caller::Principal { principal, .. } => principal,
+            Caller::Broker(_) if needed.is_empty() => return Ok(()),
+            Caller::Broker(id) => {
+                self.node.metrics().refused(rpc, "broker");
+                return Err(Status::permission_denied(format!(
+                    "broker {id}'s certificate grants nothing on the client listener beyond looking the cluster up"
+                )));
+            }
+            Caller::Anonymous => {
+                self.node.metrics().refused(rpc, "authentication");
+                return Err(Status::unauthenticated(
+                    "this cluster serves authenticated callers only: give a client certificate (--tls-cert, \
+                     --tls-key), or a user and its secret (--user, --secret)",
+                ));
+            }
         };
         let metadata = self.node.metadata();
         for permission in needed {
@@ -205,8 +237,10 @@ impl KeelService {
         if self.unrestricted(caller) {
             return Ok(());
         }
-        let Caller::Principal { principal, .. } = caller else {
-            return self.allow(rpc, caller, &[]);
+        let principal = match caller {
+            Caller::Principal { principal, .. } => principal,
+            // Refused as anonymous, or as a broker for lacking it.
+            _ => return self.allow(rpc, caller, &[Permission::topic("", operation)]),
         };
         let metadata = self.node.metadata();
         if metadata.access().allows_somewhere(principal, keel_core::access::ResourceKind::Topic, operation) {
@@ -216,6 +250,21 @@ impl KeelService {
         Err(Status::permission_denied(format!(
             "{principal} may {operation} on no topic, so it is refused: an administrator can grant it with `keel acl \
              add {principal} {operation} --topic NAME`"
+        )))
+    }
+
+    /// Refuse `rpc` unless `caller` may change user `user`: a super user's
+    /// secret only a super user may set or delete (who holds `users` could
+    /// otherwise become one).
+    pub(super) fn allow_user_change(&self, rpc: &'static str, caller: &Caller, user: &str) -> Result<(), Status> {
+        let settings = &self.node.config().access;
+        let protected = settings.authorize && settings.super_users.iter().any(|s| s.as_str() == user);
+        if !protected || self.unrestricted(caller) {
+            return Ok(());
+        }
+        self.node.metrics().refused(rpc, "super user");
+        Err(Status::permission_denied(format!(
+            "{user} is a super user: only a super user may set or delete its secret"
         )))
     }
 

@@ -38,10 +38,11 @@ impl KeelService {
     pub(super) fn open_produce_stream(
         &self,
         caller: Caller,
+        presented: Option<(String, Vec<u8>)>,
         incoming: Streaming<pb::ProduceStreamRequest>,
     ) -> ProduceAnswers {
         let (answers, queued) = mpsc::channel(STREAM_ANSWERS_QUEUED_MAX);
-        tokio::spawn(self.clone().serve_produce_stream(caller, incoming, answers));
+        tokio::spawn(self.clone().serve_produce_stream((caller, presented), incoming, answers));
         Box::pin(futures_util::stream::unfold(queued, |mut queued| async move {
             queued.recv().await.map(|answer| (Ok(answer), queued))
         }))
@@ -49,7 +50,7 @@ impl KeelService {
 
     async fn serve_produce_stream(
         self,
-        caller: Caller,
+        caller: (Caller, Option<(String, Vec<u8>)>),
         mut incoming: Streaming<pb::ProduceStreamRequest>,
         answers: mpsc::Sender<pb::ProduceStreamResponse>,
     ) {
@@ -78,10 +79,15 @@ impl KeelService {
         }
     }
 
-    async fn produce_one(&self, caller: &Caller, request: pb::ProduceStreamRequest) -> pb::ProduceStreamResponse {
+    async fn produce_one(
+        &self,
+        (caller, presented): &(Caller, Option<(String, Vec<u8>)>),
+        request: pb::ProduceStreamRequest,
+    ) -> pb::ProduceStreamResponse {
         let result = match request.request {
             Some(produce) => {
                 self.timed("Produce", async {
+                    self.still_valid(caller, presented)?;
                     let needed = [Permission::topic(&produce.topic, Operation::Produce)];
                     self.allow("Produce", caller, &needed)?;
                     self.produce_call(Request::new(produce)).await

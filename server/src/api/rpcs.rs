@@ -77,9 +77,11 @@ impl Keel for KeelService {
         &self,
         request: Request<tonic::Streaming<pb::ProduceStreamRequest>>,
     ) -> Result<Response<Self::ProduceStreamStream>, Status> {
-        // Each request of the stream is authorised on its own.
+        // Each request of the stream is authorised on its own, and a user's
+        // secret checked again.
         let caller = self.caller(&request)?;
-        Ok(Response::new(self.open_produce_stream(caller, request.into_inner())))
+        let presented = super::access::presented_secret(&request);
+        Ok(Response::new(self.open_produce_stream(caller, presented, request.into_inner())))
     }
 
     async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
@@ -131,8 +133,14 @@ impl Keel for KeelService {
         &self,
         request: Request<pb::DescribeClusterRequest>,
     ) -> Result<Response<pb::DescribeClusterResponse>, Status> {
-        // Every authenticated caller may see the brokers (clients route by them).
-        self.guarded("DescribeCluster", request, nothing, |_, r| self.describe_cluster_call(r)).await
+        // Every caller may see the brokers, anonymous ones included: clients
+        // route by them, and a broker joining a plaintext cluster has no
+        // credentials. A wrong secret is still refused.
+        self.timed("DescribeCluster", async {
+            self.caller(&request)?;
+            self.describe_cluster_call(request).await
+        })
+        .await
     }
 
     async fn remove_broker(
@@ -241,7 +249,10 @@ impl Keel for KeelService {
         &self,
         request: Request<pb::GroupPositionRequest>,
     ) -> Result<Response<pb::GroupPositionResponse>, Status> {
-        let needs = |r: &pb::GroupPositionRequest| group(&r.group, Operation::Describe);
+        // The answer shows the topic's bounds too.
+        let needs = |r: &pb::GroupPositionRequest| {
+            vec![Permission::group(&r.group, Operation::Describe), Permission::topic(&r.topic, Operation::Describe)]
+        };
         self.guarded("GroupPosition", request, needs, |_, r| async move {
             self.group_position_request(r.into_inner()).await.map(Response::new)
         })
@@ -253,9 +264,13 @@ impl Keel for KeelService {
         request: Request<pb::ResetGroupPositionRequest>,
     ) -> Result<Response<pb::ResetGroupPositionResponse>, Status> {
         // Forgetting a position is how a group is deleted.
-        let needs = |r: &pb::ResetGroupPositionRequest| match r.to {
-            Some(pb::reset_group_position_request::To::Forget(_)) => group(&r.group, Operation::Delete),
-            _ => group(&r.group, Operation::Reset),
+        let needs = |r: &pb::ResetGroupPositionRequest| {
+            let operation = match r.to {
+                Some(pb::reset_group_position_request::To::Forget(_)) => Operation::Delete,
+                _ => Operation::Reset,
+            };
+            // As Kafka asks for Read on the topic to move a group's offsets.
+            vec![Permission::group(&r.group, operation), Permission::topic(&r.topic, Operation::Consume)]
         };
         self.guarded("ResetGroupPosition", request, needs, |_, r| async move {
             self.reset_group_position_request(r.into_inner()).await.map(Response::new)
@@ -276,7 +291,8 @@ impl Keel for KeelService {
 
     async fn set_user(&self, request: Request<pb::SetUserRequest>) -> Result<Response<pb::SetUserResponse>, Status> {
         let needs = |_: &pb::SetUserRequest| cluster(Operation::Users);
-        self.guarded("SetUser", request, needs, |_, r| async move {
+        self.guarded("SetUser", request, needs, |caller, r| async move {
+            self.allow_user_change("SetUser", &caller, &r.get_ref().user)?;
             self.set_user_request(r.into_inner()).await.map(Response::new)
         })
         .await
@@ -287,7 +303,8 @@ impl Keel for KeelService {
         request: Request<pb::DeleteUserRequest>,
     ) -> Result<Response<pb::DeleteUserResponse>, Status> {
         let needs = |_: &pb::DeleteUserRequest| cluster(Operation::Users);
-        self.guarded("DeleteUser", request, needs, |_, r| async move {
+        self.guarded("DeleteUser", request, needs, |caller, r| async move {
+            self.allow_user_change("DeleteUser", &caller, &r.get_ref().user)?;
             self.delete_user_request(r.into_inner()).await.map(Response::new)
         })
         .await

@@ -110,7 +110,7 @@ impl KeelService {
         let settings = &self.node.config().access;
         let (principal, authenticated_by, super_user) = match caller {
             Caller::Anonymous => (String::new(), "none", false),
-            Caller::Broker(id) => (format!("keel-broker-{id}"), "certificate", true),
+            Caller::Broker(id) => (format!("keel-broker-{id}"), "certificate", false),
             Caller::Principal { principal, proof } => (
                 principal.to_string(),
                 match proof {
