@@ -250,6 +250,23 @@ async fn a_long_poll_of_a_member_fenced_while_it_waits_is_told_so() {
     assert!(status.message().contains("is fenced"), "{status:?}");
 }
 
+/// A leave with an epoch no join handed out used to be taken: anyone who
+/// knew a member's id could remove it from its group.
+#[tokio::test]
+async fn a_leave_with_a_forged_member_epoch_is_refused() {
+    let (_dir, _broker, address) = one_broker().await;
+    create(&client(&address), "left", 1).await;
+    let mut c = raw(&address).await;
+    let joined = join(&mut c, "left").await;
+    let forged = pb::LeaveGroupRequest { group: "g".into(), member: "m".into(), member_epoch: u64::MAX };
+    let status = c.leave_group(forged).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    let group = c.describe_group(pb::DescribeGroupRequest { group: "g".into() }).await.unwrap().into_inner();
+    assert_eq!(group.members.len(), 1, "a forged leave removed the member");
+    let own = pb::LeaveGroupRequest { group: "g".into(), member: "m".into(), member_epoch: joined.member_epoch };
+    c.leave_group(own).await.unwrap();
+}
+
 /// A forged Raft vote with a term openraft cannot take: it used to be served
 /// on the client port, granted, and panic the metadata group for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

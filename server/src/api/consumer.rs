@@ -209,6 +209,15 @@ impl KeelService {
             if request.member_epoch < joined.member_epoch {
                 return Err(older_epoch(&group, &member, joined.member_epoch, request.member_epoch));
             }
+            // No join handed out a later epoch: the request is forged, and
+            // must not take a member away from the process that holds it.
+            if request.member_epoch > joined.member_epoch {
+                return Err(Status::failed_precondition(format!(
+                    "member {member} of group {group} holds epoch {}, not {}: only the process that joined may \
+                     leave",
+                    joined.member_epoch, request.member_epoch
+                )));
+            }
         }
         self.propose_metadata(MetadataCommand::LeaveGroup { group: request.group, member: request.member }).await?;
         self.node.sync_sessions();
