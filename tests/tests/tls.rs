@@ -486,6 +486,18 @@ fn client_as(
     }
 }
 
+/// One RPC of `client` through its routing and retries, with `request`.
+macro_rules! raw {
+    ($client:expr, $route:ident, $method:ident, $request:expr) => {
+        $client
+            .call(keel_client::Route::$route, |mut c| {
+                let r = $request.clone();
+                async move { c.$method(r).await }
+            })
+            .await
+    };
+}
+
 fn code<T: std::fmt::Debug>(result: &Result<T, keel_client::ClientError>) -> Code {
     match result {
         Ok(_) => Code::Ok,
@@ -625,24 +637,14 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         topics: vec!["a.t".into()],
         session_timeout_ms: 10_000,
     };
-    let join_call = || {
-        let (alice, join) = (alice.clone(), join.clone());
-        async move {
-            alice
-                .call(keel_client::Route::Metadata, |mut c| {
-                    let r = join.clone();
-                    async move { c.join_group(r).await }
-                })
-                .await
-        }
-    };
     let no_group = || {
         let admin = admin.clone();
         async move { admin.list_groups().await.unwrap().is_empty() }
     };
     // Describing a group needs its own rule, or one to use the group.
     assert_eq!(code(&alice.describe_group("a.g").await), Code::PermissionDenied);
-    let joined = needs!(rule("alice", "join", "group", "a.g"), join_call().await, no_group().await);
+    let joined =
+        needs!(rule("alice", "join", "group", "a.g"), raw!(alice, Metadata, join_group, join), no_group().await);
     assert!(alice.describe_group("a.g").await.is_ok(), "a member may not describe its group");
     let poll = pb::PollRequest {
         group: "a.g".into(),
@@ -654,18 +656,7 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         max_records: 10,
         ..Default::default()
     };
-    let poll_call = |alice: &keel_client::Client| {
-        let (alice, poll) = (alice.clone(), poll.clone());
-        async move {
-            alice
-                .call(keel_client::Route::Any, |mut c| {
-                    let r = poll.clone();
-                    async move { c.poll(r).await }
-                })
-                .await
-        }
-    };
-    let polled = poll_call(&alice).await;
+    let polled = raw!(alice, Any, poll, poll);
     assert!(polled.is_ok(), "a member with join and consume could not poll: {:?}", polled.err());
     let heartbeat = pb::HeartbeatRequest {
         group: "a.g".into(),
@@ -673,20 +664,10 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         generation: joined.generation,
         member_epoch: joined.member_epoch,
     };
-    let beat = alice
-        .call(keel_client::Route::Metadata, |mut c| {
-            let r = heartbeat.clone();
-            async move { c.heartbeat(r).await }
-        })
-        .await;
+    let beat = raw!(alice, Metadata, heartbeat, heartbeat);
     assert!(beat.is_ok(), "a member could not heartbeat: {:?}", beat.err());
     let leave = pb::LeaveGroupRequest { group: "a.g".into(), member: "m1".into(), member_epoch: joined.member_epoch };
-    let left = alice
-        .call(keel_client::Route::Metadata, |mut c| {
-            let r = leave.clone();
-            async move { c.leave_group(r).await }
-        })
-        .await;
+    let left = raw!(alice, Metadata, leave_group, leave);
     assert!(left.is_ok(), "a member could not leave: {:?}", left.err());
     needs!(
         rule("alice", "reset", "group", "a.g"),
@@ -705,7 +686,7 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
 
     // A rule taken back stops working on the next request of an open client.
     admin.remove_acl(rule("alice", "consume", "topic", "a.t")).await.unwrap();
-    assert_eq!(code(&poll_call(&alice).await), Code::PermissionDenied);
+    assert_eq!(code(&raw!(alice, Any, poll, poll)), Code::PermissionDenied);
     assert_eq!(code(&alice.read(read.clone()).await), Code::PermissionDenied);
 
     needs!(rule("alice", "delete", "topic", "a.t"), alice.delete_topic("a.t").await, exists("a.t").await);
@@ -738,18 +719,8 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         member_epoch: joined.member_epoch,
         topic_id: None,
     };
-    let produce_unary = produce.clone();
     let refusals: Vec<(&str, Code)> = vec![
-        (
-            "Produce",
-            code(
-                &bob.call(keel_client::Route::Any, |mut c| {
-                    let r = produce_unary.clone();
-                    async move { c.produce(r).await }
-                })
-                .await,
-            ),
-        ),
+        ("Produce", code(&raw!(bob, Any, produce, produce))),
         ("ProduceStream", code(&bob.produce(produce.clone()).await)),
         ("AllocateProducerId", code(&bob.allocate_producer_id().await)),
         ("Read", code(&bob.read(read.clone()).await)),
@@ -770,47 +741,11 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         ("DrainBroker", code(&bob.drain_broker(1).await)),
         ("RemoveBroker", code(&bob.remove_broker(1).await)),
         ("MovePartition", code(&bob.move_partition("other", 0, vec![1]).await)),
-        (
-            "JoinGroup",
-            code(
-                &bob.call(keel_client::Route::Metadata, |mut c| {
-                    let r = join.clone();
-                    async move { c.join_group(r).await }
-                })
-                .await,
-            ),
-        ),
-        (
-            "Heartbeat",
-            code(
-                &bob.call(keel_client::Route::Metadata, |mut c| {
-                    let r = heartbeat.clone();
-                    async move { c.heartbeat(r).await }
-                })
-                .await,
-            ),
-        ),
-        (
-            "LeaveGroup",
-            code(
-                &bob.call(keel_client::Route::Metadata, |mut c| {
-                    let r = leave.clone();
-                    async move { c.leave_group(r).await }
-                })
-                .await,
-            ),
-        ),
-        ("Poll", code(&poll_call(&bob).await)),
-        (
-            "Ack",
-            code(
-                &bob.call(keel_client::Route::Any, |mut c| {
-                    let r = ack.clone();
-                    async move { c.ack(r).await }
-                })
-                .await,
-            ),
-        ),
+        ("JoinGroup", code(&raw!(bob, Metadata, join_group, join))),
+        ("Heartbeat", code(&raw!(bob, Metadata, heartbeat, heartbeat))),
+        ("LeaveGroup", code(&raw!(bob, Metadata, leave_group, leave))),
+        ("Poll", code(&raw!(bob, Any, poll, poll))),
+        ("Ack", code(&raw!(bob, Any, ack, ack))),
         ("DescribeGroup", code(&bob.describe_group("a.g").await)),
         ("GroupPosition", code(&bob.group_position("a.g", "other", 0).await)),
         (

@@ -125,6 +125,39 @@ impl KeelService {
         Ok(Caller::Anonymous)
     }
 
+    /// Run `check`; a refusal (UNAUTHENTICATED, PERMISSION_DENIED) stands
+    /// only once this broker's metadata is known to be current. A follower's
+    /// metadata may lack a user or rule the leader has applied (it restarted,
+    /// or was cut off), and so may a leader's just after its election: the
+    /// leader catches up to a read index and checks again, and a follower
+    /// answers UNAVAILABLE, so that the client backs off and asks again
+    /// (here once this broker has caught up, or at another broker).
+    pub(super) async fn confirmed<T>(&self, check: impl Fn() -> Result<T, Status>) -> Result<T, Status> {
+        let metadata = crate::group::GroupId::Metadata;
+        let applied = || {
+            let raft = self.node.raft(&metadata);
+            raft.and_then(|raft| raft.metrics().borrow().last_applied.map(|log_id| log_id.index))
+        };
+        let checked_at = applied();
+        let result = check();
+        let Err(refusal) = &result else { return result };
+        if !matches!(refusal.code(), tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) {
+            return result;
+        }
+        if self.node.is_metadata_leader().await {
+            self.applied_to_read_index(&metadata, "the metadata group").await?;
+            // Checked again only if something was applied meanwhile (a
+            // refusal is counted once per check).
+            return if applied() == checked_at { result } else { check() };
+        }
+        Err(Status::unavailable(format!(
+            "{} (broker {}, which does not lead the metadata group, may not have applied the latest users and \
+             rules yet: retry)",
+            refusal.message(),
+            self.node.id()
+        )))
+    }
+
     /// Check `caller` again, as a long-lived stream does before each of its
     /// requests: a user deleted or given a new secret since is refused.
     pub(super) fn still_valid(&self, caller: &Caller, presented: &Option<(String, Vec<u8>)>) -> Result<(), Status> {
@@ -166,8 +199,8 @@ impl KeelService {
         Ok(principal)
     }
 
-    /// Whether `caller` may do everything (authorisation off, a broker, a
-    /// super user).
+    /// Whether `caller` may do everything: authorisation is off, or it is a
+    /// super user.
     fn unrestricted(&self, caller: &Caller) -> bool {
         let settings = &self.node.config().access;
         #[cfg(madsim)]

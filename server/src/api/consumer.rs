@@ -228,12 +228,22 @@ impl KeelService {
     /// until this replica has applied up to the read index.
     async fn confirm_leadership(&self, partition: &TopicPartition) -> Result<(), Status> {
         let group = self.node.partition_group(partition).ok_or_else(|| self.hosted_elsewhere(partition))?;
-        let raft = self.node.raft(&group).ok_or_else(|| self.hosted_elsewhere(partition))?;
+        if self.node.raft(&group).is_none() {
+            return Err(self.hosted_elsewhere(partition));
+        }
+        self.applied_to_read_index(&group, &partition.to_string()).await
+    }
+
+    /// Confirm with a quorum that this broker leads `group` (named `what` in
+    /// errors), and wait until it has applied everything committed before
+    /// (a read index): what it then reads is current.
+    pub(super) async fn applied_to_read_index(&self, group: &GroupId, what: &str) -> Result<(), Status> {
+        let raft = self
+            .node
+            .raft(group)
+            .ok_or_else(|| Status::unavailable(format!("{what} is not running on broker {}; retry", self.node.id())))?;
         let (read, _) = raft.get_read_log_id().await.map_err(|error| {
-            Status::unavailable(format!(
-                "broker {} could not confirm it leads {partition}: {error}; retry",
-                self.node.id()
-            ))
+            Status::unavailable(format!("broker {} could not confirm it leads {what}: {error}; retry", self.node.id()))
         })?;
         let read = read.map_or(0, |log_id| log_id.index);
         // Polls the metrics rather than waiting on them: a second waiter on
@@ -244,7 +254,7 @@ impl KeelService {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        Err(Status::unavailable(format!("{partition} has not applied its committed entries yet; retry")))
+        Err(Status::unavailable(format!("{what} has not applied its committed entries yet; retry")))
     }
 
     /// [`check_member`] against this broker's metadata replica.

@@ -87,9 +87,9 @@ impl KeelService {
         let result = match request.request {
             Some(produce) => {
                 self.timed("Produce", async {
-                    self.still_valid(caller, presented)?;
+                    self.confirmed(|| self.still_valid(caller, presented)).await?;
                     let needed = [Permission::topic(&produce.topic, Operation::Produce)];
-                    self.allow("Produce", caller, &needed)?;
+                    self.confirmed(|| self.allow("Produce", caller, &needed)).await?;
                     self.produce_call(Request::new(produce)).await
                 })
                 .await

@@ -25,8 +25,9 @@ impl KeelService {
         F: Future<Output = Result<Response<T>, Status>>,
     {
         self.timed(rpc, async move {
-            let caller = self.caller(&request)?;
-            self.allow(rpc, &caller, &needs(request.get_ref()))?;
+            let caller = self.confirmed(|| self.caller(&request)).await?;
+            let needed = needs(request.get_ref());
+            self.confirmed(|| self.allow(rpc, &caller, &needed)).await?;
             call(caller, request).await
         })
         .await
@@ -61,7 +62,7 @@ impl Keel for KeelService {
         request: Request<pb::AllocateProducerIdRequest>,
     ) -> Result<Response<pb::AllocateProducerIdResponse>, Status> {
         self.guarded("AllocateProducerId", request, nothing, |caller, request| async move {
-            self.allow_somewhere("AllocateProducerId", &caller, Operation::Produce)?;
+            self.confirmed(|| self.allow_somewhere("AllocateProducerId", &caller, Operation::Produce)).await?;
             self.allocate_producer_id_call(request).await
         })
         .await
@@ -79,9 +80,12 @@ impl Keel for KeelService {
     ) -> Result<Response<Self::ProduceStreamStream>, Status> {
         // Each request of the stream is authorised on its own, and a user's
         // secret checked again.
-        let caller = self.caller(&request)?;
         let presented = super::access::presented_secret(&request);
-        Ok(Response::new(self.open_produce_stream(caller, presented, request.into_inner())))
+        // The stream itself stays out of the check (it is not Sync).
+        let (metadata, extensions, incoming) = request.into_parts();
+        let head = Request::from_parts(metadata, extensions, ());
+        let caller = self.confirmed(|| self.caller(&head)).await?;
+        Ok(Response::new(self.open_produce_stream(caller, presented, incoming)))
     }
 
     async fn read(&self, request: Request<pb::ReadRequest>) -> Result<Response<pb::ReadResponse>, Status> {
@@ -137,7 +141,7 @@ impl Keel for KeelService {
         // route by them, and a broker joining a plaintext cluster has no
         // credentials. A wrong secret is still refused.
         self.timed("DescribeCluster", async {
-            self.caller(&request)?;
+            self.confirmed(|| self.caller(&request)).await?;
             self.describe_cluster_call(request).await
         })
         .await
@@ -349,7 +353,7 @@ impl Keel for KeelService {
     async fn who_am_i(&self, request: Request<pb::WhoAmIRequest>) -> Result<Response<pb::WhoAmIResponse>, Status> {
         // Anyone may ask, anonymous callers included.
         self.timed("WhoAmI", async {
-            let caller = self.caller(&request)?;
+            let caller = self.confirmed(|| self.caller(&request)).await?;
             Ok(Response::new(self.who_am_i_request(&caller)))
         })
         .await

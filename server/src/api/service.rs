@@ -464,6 +464,11 @@ impl KeelService {
                 None => Status::unavailable(format!("{message}; no leader is known yet, retry shortly")),
             });
         }
+        if request.leader_only {
+            // A leader just elected may not yet have applied what its
+            // predecessor committed (a deletion, say): catch up first.
+            self.applied_to_read_index(&GroupId::Metadata, "the metadata group").await?;
+        }
         let metadata = self.node.metadata();
         let Some(info) = metadata.topic(&name) else {
             return Err(self.missing(format!("topic {name} does not exist")).await);
