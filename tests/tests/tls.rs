@@ -317,6 +317,13 @@ async fn three_brokers_speak_mutual_tls_and_check_the_id_a_message_claims() {
     // Replication works over mutual TLS: a topic on all three takes writes.
     let tls = keel_client::ClientTls::from_files(&ca, None).unwrap();
     let client = keel_client::Client::with_tls(addresses.clone(), keel_client::RetryPolicy::default(), &tls).unwrap();
+    // A broker answers once it serves, which can be before it has registered:
+    // wait until all three are members, or a factor-3 topic is refused.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while client.describe_cluster().await.map_or(0, |c| c.brokers.len()) < 3 {
+        assert!(std::time::Instant::now() < deadline, "three brokers never registered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let topic = pb::CreateTopicRequest {
         topic: "replicated".into(),
         partitions: 1,
