@@ -53,11 +53,15 @@ pub enum Bug {
     /// A broker checks who an authenticated caller is but not its access
     /// rules: an intruder with a secret is served whatever it asks.
     AclIgnored,
+    /// A follower of a quiet group never restarts its election timer when
+    /// the leader's broker goes unheard: a partition whose leader died
+    /// while idle has no leader again (L1, the write probes).
+    QuietForever,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 14] = [
+    pub const ALL: [Bug; 15] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -72,6 +76,7 @@ impl Bug {
         Bug::ForgetKeepsPositions,
         Bug::WriteErrorsIgnored,
         Bug::AclIgnored,
+        Bug::QuietForever,
     ];
 
     /// The name used on the command line.
@@ -91,6 +96,7 @@ impl Bug {
             Bug::ForgetKeepsPositions => "forget-keeps-positions",
             Bug::WriteErrorsIgnored => "write-errors-ignored",
             Bug::AclIgnored => "acl-ignored",
+            Bug::QuietForever => "quiet-forever",
         }
     }
 }

@@ -32,6 +32,11 @@ struct LatencyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RoleLabels {
+    role: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GroupLabels {
     raft_group: String,
 }
@@ -117,6 +122,7 @@ pub struct Metrics {
     raft_last_log_index: Family<GroupLabels, Gauge>,
     raft_last_applied_index: Family<GroupLabels, Gauge>,
     raft_voters: Family<GroupLabels, Gauge>,
+    raft_quiet_groups: Family<RoleLabels, Gauge>,
     snapshots_built: Gauge,
     snapshots_installed: Gauge,
     high_watermark: Family<PartitionLabels, Gauge>,
@@ -237,6 +243,7 @@ impl Metrics {
             raft_last_log_index: Family::default(),
             raft_last_applied_index: Family::default(),
             raft_voters: Family::default(),
+            raft_quiet_groups: Family::default(),
             snapshots_built: Gauge::default(),
             snapshots_installed: Gauge::default(),
             high_watermark: Family::default(),
@@ -330,6 +337,11 @@ impl Metrics {
             "raft_calls",
             "Raft calls (AppendEntries, votes, snapshot chunks) this broker sent to the peer, answered or not",
             metrics.raft_calls.clone(),
+        );
+        registry.register(
+            "raft_quiet_groups",
+            "Partition groups here that are quiet (idle: no heartbeats, no election timer), as leader and as follower",
+            metrics.raft_quiet_groups.clone(),
         );
         registry.register("log_segments", "Segment files of this broker's log", metrics.log_segments.clone());
         registry.register(
@@ -437,6 +449,9 @@ impl Metrics {
         self.log_checkpoints.inc_by(usage.checkpoints.saturating_sub(self.log_checkpoints.get()));
         self.log_live_bytes.set(usage.live_bytes as i64);
         self.log_compacted_bytes.inc_by(usage.compacted_bytes.saturating_sub(self.log_compacted_bytes.get()));
+        let quiet = node.quiet_counts();
+        self.raft_quiet_groups.get_or_create(&RoleLabels { role: "leader" }).set(quiet.led as i64);
+        self.raft_quiet_groups.get_or_create(&RoleLabels { role: "follower" }).set(quiet.followed as i64);
         let (built, installed) = node.snapshot_counts();
         self.snapshots_built.set(built as i64);
         self.snapshots_installed.set(installed as i64);

@@ -32,17 +32,19 @@ use crate::api::KeelService;
 use crate::clock::Clock;
 use crate::group::GroupId;
 use crate::raft::network::{
-    ClusterIdentity, GroupDirectory, GroupNetwork, JoinFuture, JoinRequest, MoveSettledReport, Peers, TransportService,
-    RAFT_MESSAGE_BYTES_MAX,
+    ClusterIdentity, GroupDirectory, GroupNetwork, JoinFuture, JoinRequest, Liveness, MoveSettledReport, Peers,
+    TransportService, RAFT_MESSAGE_BYTES_MAX,
 };
 use crate::raft::types::{Command, NodeId, Raft, Request, Response, TypeConfig};
 use crate::storage::{GroupState, GroupStateMachine, LogStore, NodeStore, StoreError};
 
 mod append;
 mod membership;
+mod quiesce;
 mod retention;
 pub use append::{ENTRIES_IN_FLIGHT_MAX, ENTRY_BATCHES_MAX, ENTRY_BYTES_MAX};
 pub use membership::MembershipError;
+pub use quiesce::{QuietCounts, LIVENESS_TIMEOUT, QUIET_AFTER_ROUNDS};
 
 /// Largest reply of the public API.
 pub const API_REPLY_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -289,6 +291,8 @@ struct NodeInner {
     retention_proposed: Mutex<BTreeSet<GroupId>>,
     /// Produce requests waiting to share a Raft entry, per partition group.
     lanes: append::Lanes,
+    /// Which partition groups are quiet (no heartbeats while idle).
+    quiet: quiesce::Quiescence,
     metrics: crate::metrics::Metrics,
     /// Tells the servers to stop (one waiter each: the client API server and
     /// the internal one).
@@ -340,6 +344,18 @@ impl GroupDirectory for Directory {
     fn move_settled(&self, report: MoveSettledReport) -> JoinFuture {
         self.on_node(|node| async move { node.accept_move_settled(report).await })
     }
+
+    fn liveness(&self, report: Liveness) {
+        if let Some(inner) = self.0.upgrade() {
+            Node { inner }.take_liveness(report);
+        }
+    }
+
+    fn appended(&self, group: &GroupId) {
+        if let Some(inner) = self.0.upgrade() {
+            Node { inner }.woken_by_entries(group);
+        }
+    }
 }
 
 /// A running broker node.
@@ -376,6 +392,7 @@ impl Node {
             retention_checked: Mutex::new(BTreeMap::new()),
             retention_proposed: Mutex::new(BTreeSet::new()),
             lanes: append::Lanes::default(),
+            quiet: quiesce::Quiescence::default(),
             metrics: crate::metrics::Metrics::new(),
             stop_servers: [Arc::new(Notify::new()), Arc::new(Notify::new())],
             servers: Mutex::new(Vec::new()),
@@ -460,6 +477,8 @@ impl Node {
         node.spawn(async move { duties.leader_duties_forever().await });
         let watchdog = node.clone();
         node.spawn(async move { watchdog.watch_for_fatal_errors().await });
+        let quiescer = node.clone();
+        node.spawn(async move { quiescer.quiesce_forever().await });
         Ok(node)
     }
 

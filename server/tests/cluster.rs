@@ -58,7 +58,7 @@ fn values(cluster: &LocalCluster, id: u64, partition: &TopicPartition) -> Vec<St
         .node(id)
         .unwrap()
         .read_partition(partition, |state, log| state.read(log, state.log_start(), 1000, u64::MAX).unwrap())
-        .unwrap();
+        .unwrap_or_default();
     records.into_iter().map(|r| String::from_utf8(r.record.value).unwrap()).collect()
 }
 
@@ -285,5 +285,85 @@ async fn concurrent_appends_share_entries_and_keep_their_own_outcomes() {
     assert!(entries_after - entries_before < 400, "400 requests in {} entries", entries_after - entries_before);
     let high_watermark = leader.partition(&partition).unwrap().high_watermark();
     assert_eq!(high_watermark, Offset(301));
+    cluster.shutdown().await;
+}
+
+/// Raft calls this broker has sent its peers so far (Liveness reports are
+/// not Raft calls).
+fn raft_calls(node: &keel_server::node::Node) -> u64 {
+    node.peer_health().values().map(|health| health.calls).sum()
+}
+
+/// The broker leading `group`, if any.
+async fn leader_of(cluster: &LocalCluster, group: &GroupId) -> Option<u64> {
+    for node in cluster.live() {
+        let raft = node.raft(group)?;
+        if raft.metrics().borrow().state == openraft::ServerState::Leader {
+            return Some(node.id());
+        }
+    }
+    None
+}
+
+/// Idle partition groups go quiet: no heartbeats, every follower's
+/// election timer stopped. A write wakes its group and commits on every
+/// replica; when the broker leading quiet groups dies, the others elect new
+/// leaders by broker liveness, as fast as a heartbeating group would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_groups_go_quiet_wake_on_writes_and_elect_when_their_leader_dies() {
+    let dir = TempDir::new().unwrap();
+    let (mut cluster, partition, group) = cluster_with_topic(&dir, "idle", |_| {}, RetentionPolicy::default()).await;
+    // Both partitions, each quiet on its leader and its two followers.
+    let quiet = |c: &LocalCluster| {
+        let counts: Vec<_> = c.live().map(|n| n.quiet_counts()).collect();
+        counts.iter().map(|q| q.led).sum::<usize>() == 2 && counts.iter().map(|q| q.followed).sum::<usize>() == 4
+    };
+    cluster.eventually("both partitions quiet", DEADLINE, quiet).await.unwrap();
+
+    // Quiet groups send no Raft calls: in 2 s only the metadata group's
+    // heartbeats go out (about 40; the two partitions awake would add 80).
+    let before: u64 = cluster.live().map(raft_calls).sum();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after: u64 = cluster.live().map(raft_calls).sum();
+    assert!(after - before < 60, "{} Raft calls in 2 s with only the metadata group awake", after - before);
+
+    // A write wakes the group and commits on every replica; then it goes
+    // quiet again.
+    let response = cluster.propose(&group, append(1, 0, "wake"), DEADLINE).await.unwrap();
+    assert!(matches!(response, Response::Partition(Ok(PartitionOutcome::Appended { .. }))), "{response:?}");
+    for id in 1..=3 {
+        cluster
+            .eventually("the write on every replica", DEADLINE, |c| values(c, id, &partition) == ["wake"])
+            .await
+            .unwrap();
+    }
+    cluster.eventually("quiet again after the write", DEADLINE, quiet).await.unwrap();
+
+    // The broker leading the quiet partition dies: the others elect.
+    let leader = leader_of(&cluster, &group).await.expect("a leader");
+    let term = cluster.node(leader).unwrap().raft(&group).unwrap().metrics().borrow().current_term;
+    let killed = tokio::time::Instant::now();
+    cluster.stop(leader).await;
+    loop {
+        if let Some(new) = leader_of(&cluster, &group).await {
+            let new_term = cluster.node(new).unwrap().raft(&group).unwrap().metrics().borrow().current_term;
+            if new != leader && new_term > term {
+                break;
+            }
+        }
+        assert!(killed.elapsed() < DEADLINE, "no new leader after the quiet leader died");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("a new leader {} ms after the quiet leader died", killed.elapsed().as_millis());
+    let response = cluster.propose(&group, append(1, 1, "after"), DEADLINE).await.unwrap();
+    assert!(matches!(response, Response::Partition(Ok(PartitionOutcome::Appended { .. }))), "{response:?}");
+
+    // The broker comes back and catches up; everything goes quiet again.
+    cluster.restart(leader).await.unwrap();
+    cluster
+        .eventually("the restarted broker caught up", DEADLINE, |c| values(c, leader, &partition) == ["wake", "after"])
+        .await
+        .unwrap();
+    cluster.eventually("quiet again after the restart", DEADLINE, quiet).await.unwrap();
     cluster.shutdown().await;
 }

@@ -597,6 +597,13 @@ fn liveness(events: &[Event], acked: &[Acked], findings: &mut Findings) -> u64 {
                     }
                 }
             }
+            EventKind::Failover { broker, group, leader: None, waited_ms } => findings.add(
+                Guarantee::L1,
+                format!(
+                    "{group} had no leader {waited_ms} ms after broker {broker}, its leader, crashed, although its \
+                     other replicas were up and the network calm"
+                ),
+            ),
             EventKind::LivenessTimeout { missing } => {
                 let group = events.iter().rev().find_map(|e| match &e.kind {
                     EventKind::GroupSettled { generation, members, unassigned } => {

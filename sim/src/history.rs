@@ -200,6 +200,14 @@ pub enum EventKind {
         broker: u64,
         reason: String,
     },
+    /// `waited_ms` after `broker` crashed while leading `group` (its other
+    /// replicas up, the network calm), the group's leader, if any.
+    Failover {
+        broker: u64,
+        group: String,
+        leader: Option<u64>,
+        waited_ms: u64,
+    },
     /// The liveness phase ran out of time.
     LivenessTimeout {
         missing: u64,

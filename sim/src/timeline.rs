@@ -202,6 +202,14 @@ pub fn html(title: &str, events: &[Event], violations: &[Violation]) -> String {
                 lane(&name, &mut lanes);
                 marks.push((name, at, "failure", format!("disk lost: {reason}")));
             }
+            EventKind::Failover { broker, group, leader, .. } => {
+                lane("driver", &mut lanes);
+                let (class, what) = match leader {
+                    Some(id) => ("member", format!("{group} led by broker {id} after broker {broker} crashed")),
+                    None => ("failure", format!("{group} has no leader after broker {broker} crashed")),
+                };
+                marks.push(("driver".into(), at, class, what));
+            }
             EventKind::LivenessTimeout { missing } => {
                 marks.push(("driver".into(), at, "failure", format!("liveness bound reached: {missing} unconsumed")));
                 lane("driver", &mut lanes);

@@ -318,3 +318,10 @@ fn refusal_catches_a_broker_that_ignores_access_rules() {
     // broker that checks who it is but not what it may do serves it.
     caught_within(Plant::Bug(Bug::AclIgnored), 3);
 }
+
+/// Failure detection of quiet groups: followers that never give a silent
+/// leader's broker up leave a partition leaderless after its leader died.
+#[test]
+fn l1_catches_quiet_followers_that_never_elect_after_their_leader_died() {
+    caught_within(Plant::Bug(Bug::QuietForever), 3);
+}

@@ -73,6 +73,25 @@ fn secrets_match(given: &str, expected: &str) -> bool {
     given.len() == expected.len() && differ == 0
 }
 
+/// What a broker tells each peer every liveness interval: that it is
+/// alive, and which partition groups shared with that peer it leads and has
+/// let go quiet (see `node::quiesce`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Liveness {
+    pub broker: NodeId,
+    /// Bounded by the groups placed on the sender.
+    pub quiet: Vec<QuietGroup>,
+}
+
+/// A group its leader let go quiet: in `term`, with `last_index` its last
+/// log index, every voter having all of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuietGroup {
+    pub group: String,
+    pub term: u64,
+    pub last_index: Option<u64>,
+}
+
 /// A broker's request to join the cluster (or to update its addresses).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JoinRequest {
@@ -232,6 +251,22 @@ impl Peers {
         let (mut client, message) = self.admin_call(internal_address, report, Duration::from_secs(5))?;
         let reply = client.move_settled(message).await?;
         Ok(postcard::from_bytes(&reply.into_inner().payload)?)
+    }
+
+    /// Tell `peer` at `internal_address` that this broker is alive, and
+    /// which groups it let go quiet.
+    pub async fn liveness(
+        &self,
+        peer: NodeId,
+        internal_address: &str,
+        report: &Liveness,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
+        let (mut client, message) = self.admin_call(internal_address, report, timeout)?;
+        client.liveness(message).await?;
+        self.answered.lock().expect("peer answers").insert(peer, tokio::time::Instant::now());
+        self.reached(peer);
+        Ok(())
     }
 
     /// How long ago `peer` last answered a Raft message from this broker.
@@ -524,6 +559,12 @@ pub trait GroupDirectory: Send + Sync + 'static {
     /// Take a partition leader's report that its moves settled (on the
     /// metadata leader).
     fn move_settled(&self, report: MoveSettledReport) -> JoinFuture;
+
+    /// Take a peer's liveness report.
+    fn liveness(&self, report: Liveness);
+
+    /// A group running here appended entries from its leader.
+    fn appended(&self, group: &GroupId);
 }
 
 /// The server side of the transport: routes each request to its group.
@@ -694,7 +735,14 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         let append: AppendEntriesRequest<TypeConfig> = decode(&request)?;
         self.check_sender(&certs, append.vote.leader_id().voted_for())?;
         sane_append(&append)?;
-        reply(&raft.append_entries(append).await)
+        let entries = !append.entries.is_empty();
+        let result = raft.append_entries(append).await;
+        if entries && result.is_ok() {
+            if let Ok(group) = GroupId::parse(&request.group) {
+                self.directory.appended(&group);
+            }
+        }
+        reply(&result)
     }
 
     async fn vote(&self, request: tonic::Request<RaftRequest>) -> Result<tonic::Response<RaftReply>, tonic::Status> {
@@ -741,7 +789,27 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         self.check_sender(&certs, None)?;
         reply(&self.directory.move_settled(report).await)
     }
+
+    async fn liveness(
+        &self,
+        request: tonic::Request<RaftRequest>,
+    ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let certs = peer_certs(&request);
+        let request = request.into_inner();
+        self.authenticate(&request)?;
+        let report: Liveness = decode(&request)?;
+        self.check_sender(&certs, Some(report.broker))?;
+        if report.quiet.len() > LIVENESS_GROUPS_MAX {
+            return Err(insane(&format!("liveness lists more than {LIVENESS_GROUPS_MAX} quiet groups")));
+        }
+        self.directory.liveness(report);
+        reply(&())
+    }
 }
+
+/// Most quiet groups one liveness report may list (a broker holds fewer
+/// partition replicas than this).
+pub const LIVENESS_GROUPS_MAX: usize = 1 << 20;
 
 #[cfg(test)]
 mod tests {
@@ -757,6 +825,10 @@ mod tests {
         fn join(&self, _request: JoinRequest) -> JoinFuture {
             Box::pin(async { Err(JoinRefusal::Refused("no".into())) })
         }
+
+        fn liveness(&self, _report: Liveness) {}
+
+        fn appended(&self, _group: &GroupId) {}
 
         fn move_settled(&self, _report: MoveSettledReport) -> JoinFuture {
             Box::pin(async { Err(JoinRefusal::Refused("no".into())) })

@@ -1,0 +1,298 @@
+//! Quiet groups (issue #12): a partition group with nothing to replicate
+//! sends no heartbeats, so an idle broker costs almost nothing however many
+//! replicas it holds (as CockroachDB quiesces idle ranges).
+//!
+//! The leader of a partition group lets it go quiet once, for
+//! [`QUIET_AFTER_ROUNDS`] rounds in a row, its log has not grown, it has
+//! applied all of it, every voter has all of it, the membership is plain
+//! (no learners, no joint configuration) and every voter's broker was heard
+//! lately. It lists the group in the liveness report it sends each peer
+//! every [`LIVENESS_INTERVAL`]: one message per broker pair, whatever the
+//! number of groups. A follower that finds the group listed by the leader
+//! it follows, with its own term and last log index, stops the group's
+//! election timer.
+//!
+//! Failure detection moves from the group to the broker: a follower that
+//! has not heard its quiet leader's broker for [`LIVENESS_TIMEOUT`] starts
+//! the election timer of every group quiet under it again, each after its
+//! own delay within [`WAKE_SPREAD`] (so that a broker's death does not
+//! start all its groups' elections in the same instant); the timer, long
+//! expired, elects at the next tick.
+//!
+//! A group wakes when its log grows: the leader heartbeats again from the
+//! next round (well within a follower's election timeout), and a follower restarts its timer on the first entries it
+//! appends. A follower whose leader stops listing the group (it woke, or
+//! lost the lead) restarts the timer a full election timeout later unless
+//! entries come first. Quiet changes only whether heartbeats and election
+//! timers run, never what Raft decides: safety is openraft's as before.
+//! The metadata group never goes quiet.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use openraft::ServerState;
+use tokio::time::Instant;
+
+use super::Node;
+use crate::group::GroupId;
+use crate::raft::network::{Liveness, QuietGroup};
+use crate::raft::types::{NodeId, Raft};
+
+/// How often a broker reviews its groups and sends each peer its liveness
+/// report: several times per [`LIVENESS_TIMEOUT`], so that one report lost
+/// gives no broker up, and rarely enough to cost next to nothing (four
+/// small messages a second per broker pair).
+pub const LIVENESS_INTERVAL: Duration = Duration::from_millis(250);
+/// Rounds a led group must stay idle and fully replicated before it goes
+/// quiet (a second).
+pub const QUIET_AFTER_ROUNDS: u32 = 4;
+/// How long a broker may go unheard before the groups quiet under its lead
+/// elect again: openraft's leader lease (the longest election timeout), so
+/// that a broker is given up no sooner than a heartbeating leader would be.
+pub const LIVENESS_TIMEOUT: Duration = Duration::from_millis(800);
+/// The window over which the groups of a broker given up start their
+/// elections.
+pub const WAKE_SPREAD: Duration = Duration::from_millis(400);
+/// How long one liveness call may take.
+const LIVENESS_CALL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The quiet state of this broker's groups (soft state: a restarted broker
+/// starts with every group awake).
+#[derive(Default)]
+pub(super) struct Quiescence {
+    /// Partition groups led here.
+    led: Mutex<BTreeMap<GroupId, Led>>,
+    /// Partition groups followed here whose election timer is stopped.
+    following: Mutex<BTreeMap<GroupId, Following>>,
+    /// When each peer's last liveness report arrived.
+    heard: Mutex<BTreeMap<NodeId, Instant>>,
+    /// Peers with a liveness call in flight (at most one each).
+    sending: Mutex<BTreeSet<NodeId>>,
+}
+
+struct Led {
+    term: u64,
+    last_index: Option<u64>,
+    voters: Vec<NodeId>,
+    idle_rounds: u32,
+    quiet: bool,
+}
+
+struct Following {
+    leader: NodeId,
+    /// When to start the election timer again, if due.
+    wake_at: Option<Instant>,
+}
+
+/// How many groups are quiet here, as leader and as follower.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuietCounts {
+    pub led: usize,
+    pub followed: usize,
+}
+
+impl Node {
+    /// Every [`LIVENESS_INTERVAL`]: let idle led groups go quiet (or wake
+    /// them), wake followed groups whose leader's broker went unheard, and
+    /// send each peer this broker's liveness report.
+    pub(super) async fn quiesce_forever(&self) {
+        loop {
+            self.quiesce_round();
+            tokio::time::sleep(LIVENESS_INTERVAL).await;
+        }
+    }
+
+    fn quiesce_round(&self) {
+        let now = Instant::now();
+        let me = self.id();
+        let groups: Vec<(GroupId, Raft)> = {
+            let groups = self.inner.groups.lock().expect("groups");
+            groups.iter().filter(|(g, _)| **g != GroupId::Metadata).map(|(g, h)| (g.clone(), h.raft.clone())).collect()
+        };
+        let quiet = &self.inner.quiet;
+        let heard = quiet.heard.lock().expect("heard").clone();
+        let live =
+            |peer: &NodeId| heard.get(peer).is_some_and(|at| now.saturating_duration_since(*at) < LIVENESS_TIMEOUT);
+        let running: BTreeSet<&GroupId> = groups.iter().map(|(g, _)| g).collect();
+
+        let mut reports: BTreeMap<NodeId, Vec<QuietGroup>> = BTreeMap::new();
+        {
+            let mut led = quiet.led.lock().expect("led");
+            led.retain(|group, _| running.contains(group));
+            for (group, raft) in &groups {
+                let metrics = raft.metrics();
+                let m = metrics.borrow();
+                if m.state != ServerState::Leader {
+                    if led.remove(group).is_some_and(|l| l.quiet) {
+                        raft.runtime_config().heartbeat(true);
+                    }
+                    continue;
+                }
+                let membership = m.membership_config.membership();
+                let voters: Vec<NodeId> = membership.voter_ids().collect();
+                let plain = membership.get_joint_config().len() == 1 && membership.learner_ids().next().is_none();
+                let followers = || voters.iter().filter(|v| **v != me);
+                let replicated = m.replication.as_ref().is_some_and(|matched| {
+                    followers().all(|v| matched.get(v).is_some_and(|l| l.map(|l| l.index) == m.last_log_index))
+                });
+                let settled = plain
+                    && m.last_log_index.is_some()
+                    && m.last_applied.map(|l| l.index) == m.last_log_index
+                    && replicated
+                    && followers().all(live);
+                let term = m.current_term;
+                let entry = led.entry(group.clone()).or_insert(Led {
+                    term,
+                    last_index: m.last_log_index,
+                    voters: Vec::new(),
+                    idle_rounds: 0,
+                    quiet: false,
+                });
+                let unchanged = entry.term == term && entry.last_index == m.last_log_index;
+                entry.idle_rounds = if settled && unchanged { entry.idle_rounds.saturating_add(1) } else { 0 };
+                entry.term = term;
+                entry.last_index = m.last_log_index;
+                entry.voters = voters;
+                drop(m);
+                let go_quiet = entry.idle_rounds >= QUIET_AFTER_ROUNDS;
+                if go_quiet != entry.quiet {
+                    raft.runtime_config().heartbeat(!go_quiet);
+                    entry.quiet = go_quiet;
+                }
+                if entry.quiet {
+                    for voter in entry.voters.iter().filter(|v| **v != me) {
+                        reports.entry(*voter).or_default().push(QuietGroup {
+                            group: group.key(),
+                            term,
+                            last_index: entry.last_index,
+                        });
+                    }
+                }
+            }
+        }
+
+        let due: Vec<GroupId> = {
+            let mut following = quiet.following.lock().expect("following");
+            following.retain(|group, _| running.contains(group));
+            for (group, followed) in following.iter_mut() {
+                if followed.wake_at.is_none() && !live(&followed.leader) {
+                    followed.wake_at = Some(now + wake_spread(group, me));
+                }
+            }
+            let due: Vec<GroupId> = following
+                .iter()
+                .filter(|(_, f)| f.wake_at.is_some_and(|at| at <= now))
+                .map(|(g, _)| g.clone())
+                .collect();
+            for group in &due {
+                following.remove(group);
+            }
+            due
+        };
+        #[cfg(madsim)]
+        let due = if keel_core::planted::is_planted(keel_core::planted::Bug::QuietForever) { Vec::new() } else { due };
+        for group in due {
+            if let Some(raft) = self.raft(&group) {
+                raft.runtime_config().elect(true);
+            }
+        }
+
+        self.send_liveness(reports);
+    }
+
+    /// Send each registered peer this broker's liveness report (skipping a
+    /// peer whose previous call is still in flight).
+    fn send_liveness(&self, mut reports: BTreeMap<NodeId, Vec<QuietGroup>>) {
+        let me = self.id();
+        let metadata = self.metadata();
+        for (peer, broker) in metadata.brokers() {
+            let peer = &peer.0;
+            if *peer == me || !self.inner.quiet.sending.lock().expect("sending").insert(*peer) {
+                continue;
+            }
+            let report = Liveness { broker: me, quiet: reports.remove(peer).unwrap_or_default() };
+            let (node, peer, address) = (self.clone(), *peer, broker.internal_address.clone());
+            self.spawn(async move {
+                let sent = node.inner.peers.liveness(peer, &address, &report, LIVENESS_CALL_TIMEOUT).await;
+                if let Err(error) = sent {
+                    tracing::trace!(peer, %error, "liveness report not delivered");
+                }
+                node.inner.quiet.sending.lock().expect("sending").remove(&peer);
+            });
+        }
+    }
+
+    /// A peer's liveness report: it is alive; the groups it lists go quiet
+    /// here if this replica follows it there with all of its log; groups
+    /// quiet here under it that it no longer lists wake a full election
+    /// timeout later (unless entries wake them first).
+    pub(super) fn take_liveness(&self, report: Liveness) {
+        let now = Instant::now();
+        let quiet = &self.inner.quiet;
+        quiet.heard.lock().expect("heard").insert(report.broker, now);
+        let listed: BTreeMap<GroupId, QuietGroup> = report
+            .quiet
+            .into_iter()
+            .filter_map(|q| GroupId::parse(&q.group).ok().filter(|g| *g != GroupId::Metadata).map(|g| (g, q)))
+            .collect();
+        let full_timeout = Duration::from_millis(self.inner.raft_config.election_timeout_max);
+        let mut following = quiet.following.lock().expect("following");
+        for (group, q) in &listed {
+            let Some(raft) = self.raft(group) else { continue };
+            let matches = {
+                let metrics = raft.metrics();
+                let m = metrics.borrow();
+                m.state == ServerState::Follower
+                    && m.current_leader == Some(report.broker)
+                    && m.current_term == q.term
+                    && m.last_log_index == q.last_index
+            };
+            match (matches, following.get_mut(group)) {
+                (true, Some(followed)) => {
+                    *followed = Following { leader: report.broker, wake_at: None };
+                }
+                (true, None) => {
+                    raft.runtime_config().elect(false);
+                    following.insert(group.clone(), Following { leader: report.broker, wake_at: None });
+                }
+                (false, Some(followed)) => {
+                    followed.wake_at.get_or_insert(now + full_timeout);
+                }
+                (false, None) => {}
+            }
+        }
+        for (group, followed) in following.iter_mut() {
+            if followed.leader == report.broker && !listed.contains_key(group) {
+                followed.wake_at.get_or_insert(now + full_timeout);
+            }
+        }
+    }
+
+    /// A group followed here appended entries from its leader: it is awake.
+    pub(super) fn woken_by_entries(&self, group: &GroupId) {
+        let was_quiet = self.inner.quiet.following.lock().expect("following").remove(group).is_some();
+        if was_quiet {
+            if let Some(raft) = self.raft(group) {
+                raft.runtime_config().elect(true);
+            }
+        }
+    }
+
+    /// How many groups are quiet here.
+    pub fn quiet_counts(&self) -> QuietCounts {
+        let quiet = &self.inner.quiet;
+        QuietCounts {
+            led: quiet.led.lock().expect("led").values().filter(|l| l.quiet).count(),
+            followed: quiet.following.lock().expect("following").len(),
+        }
+    }
+}
+
+/// This replica's delay, within [`WAKE_SPREAD`], before a group whose
+/// leader went unheard elects: fixed per group and broker, so replicas of
+/// one group and groups of one broker spread out, and a seed replays alike.
+fn wake_spread(group: &GroupId, me: NodeId) -> Duration {
+    let hash = keel_core::routing::fnv1a_64(format!("{}/{me}", group.key()).as_bytes());
+    Duration::from_millis(hash % WAKE_SPREAD.as_millis() as u64)
+}
