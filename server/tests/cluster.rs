@@ -58,7 +58,7 @@ fn values(cluster: &LocalCluster, id: u64, partition: &TopicPartition) -> Vec<St
         .node(id)
         .unwrap()
         .read_partition(partition, |state, log| state.read(log, state.log_start(), 1000, u64::MAX).unwrap())
-        .unwrap_or_default();
+        .unwrap();
     records.into_iter().map(|r| String::from_utf8(r.record.value).unwrap()).collect()
 }
 
@@ -295,14 +295,13 @@ fn raft_calls(node: &keel_server::node::Node) -> u64 {
 }
 
 /// The broker leading `group`, if any.
-async fn leader_of(cluster: &LocalCluster, group: &GroupId) -> Option<u64> {
-    for node in cluster.live() {
-        let raft = node.raft(group)?;
-        if raft.metrics().borrow().state == openraft::ServerState::Leader {
-            return Some(node.id());
-        }
-    }
-    None
+fn leader_of(cluster: &LocalCluster, group: &GroupId) -> Option<u64> {
+    cluster
+        .live()
+        .find(|node| {
+            node.raft(group).is_some_and(|raft| raft.metrics().borrow().state == openraft::ServerState::Leader)
+        })
+        .map(|node| node.id())
 }
 
 /// Idle partition groups go quiet: no heartbeats, every follower's
@@ -340,12 +339,12 @@ async fn idle_groups_go_quiet_wake_on_writes_and_elect_when_their_leader_dies() 
     cluster.eventually("quiet again after the write", DEADLINE, quiet).await.unwrap();
 
     // The broker leading the quiet partition dies: the others elect.
-    let leader = leader_of(&cluster, &group).await.expect("a leader");
+    let leader = leader_of(&cluster, &group).expect("a leader");
     let term = cluster.node(leader).unwrap().raft(&group).unwrap().metrics().borrow().current_term;
     let killed = tokio::time::Instant::now();
     cluster.stop(leader).await;
     loop {
-        if let Some(new) = leader_of(&cluster, &group).await {
+        if let Some(new) = leader_of(&cluster, &group) {
             let new_term = cluster.node(new).unwrap().raft(&group).unwrap().metrics().borrow().current_term;
             if new != leader && new_term > term {
                 break;
@@ -360,10 +359,11 @@ async fn idle_groups_go_quiet_wake_on_writes_and_elect_when_their_leader_dies() 
 
     // The broker comes back and catches up; everything goes quiet again.
     cluster.restart(leader).await.unwrap();
-    cluster
-        .eventually("the restarted broker caught up", DEADLINE, |c| values(c, leader, &partition) == ["wake", "after"])
-        .await
-        .unwrap();
+    let caught_up = |c: &LocalCluster| {
+        c.node(leader).unwrap().partition(&partition).is_some_and(|state| state.high_watermark() == Offset(2))
+    };
+    cluster.eventually("the restarted broker caught up", DEADLINE, caught_up).await.unwrap();
+    assert_eq!(values(&cluster, leader, &partition), ["wake", "after"]);
     cluster.eventually("quiet again after the restart", DEADLINE, quiet).await.unwrap();
     cluster.shutdown().await;
 }

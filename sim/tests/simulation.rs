@@ -323,5 +323,5 @@ fn refusal_catches_a_broker_that_ignores_access_rules() {
 /// leader's broker up leave a partition leaderless after its leader died.
 #[test]
 fn l1_catches_quiet_followers_that_never_elect_after_their_leader_died() {
-    caught_within(Plant::Bug(Bug::QuietForever), 3);
+    caught_within(Plant::Bug(Bug::QuietForever), 5);
 }

@@ -13,7 +13,8 @@
 //! election timer.
 //!
 //! Failure detection moves from the group to the broker: a follower that
-//! has not heard its quiet leader's broker for [`LIVENESS_TIMEOUT`] starts
+//! has neither heard its quiet leader's broker nor had an answer from it
+//! for [`LIVENESS_TIMEOUT`] starts
 //! the election timer of every group quiet under it again, each after its
 //! own delay within [`WAKE_SPREAD`] (so that a broker's death does not
 //! start all its groups' elections in the same instant); the timer, long
@@ -26,6 +27,11 @@
 //! entries come first. Quiet changes only whether heartbeats and election
 //! timers run, never what Raft decides: safety is openraft's as before.
 //! The metadata group never goes quiet.
+//!
+//! What it cannot see: a leader whose broker is alive but one of whose
+//! groups is stuck (its Raft core blocked) keeps listing that group quiet,
+//! where a heartbeating group would have lost its leader. keel stops a
+//! broker on any storage error, so a blocked core means a blocked broker.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -111,9 +117,16 @@ impl Node {
             groups.iter().filter(|(g, _)| **g != GroupId::Metadata).map(|(g, h)| (g.clone(), h.raft.clone())).collect()
         };
         let quiet = &self.inner.quiet;
+        // A peer is live if its report arrived lately, or if it answered
+        // one of this broker's calls lately (its own report among them):
+        // two independent signals each round, so that a few lost messages
+        // give no live broker up.
         let heard = quiet.heard.lock().expect("heard").clone();
-        let live =
-            |peer: &NodeId| heard.get(peer).is_some_and(|at| now.saturating_duration_since(*at) < LIVENESS_TIMEOUT);
+        let peers = &self.inner.peers;
+        let live = |peer: &NodeId| {
+            heard.get(peer).is_some_and(|at| now.saturating_duration_since(*at) < LIVENESS_TIMEOUT)
+                || peers.since_answer(*peer).is_some_and(|since| since < LIVENESS_TIMEOUT)
+        };
         let running: BTreeSet<&GroupId> = groups.iter().map(|(g, _)| g).collect();
 
         let mut reports: BTreeMap<NodeId, Vec<QuietGroup>> = BTreeMap::new();
@@ -157,6 +170,7 @@ impl Node {
                 drop(m);
                 let go_quiet = entry.idle_rounds >= QUIET_AFTER_ROUNDS;
                 if go_quiet != entry.quiet {
+                    tracing::debug!(%group, term, quiet = go_quiet, "led group goes quiet or wakes");
                     raft.runtime_config().heartbeat(!go_quiet);
                     entry.quiet = go_quiet;
                 }
@@ -193,6 +207,7 @@ impl Node {
         #[cfg(madsim)]
         let due = if keel_core::planted::is_planted(keel_core::planted::Bug::QuietForever) { Vec::new() } else { due };
         for group in due {
+            tracing::debug!(%group, "followed group wakes: its election timer runs again");
             if let Some(raft) = self.raft(&group) {
                 raft.runtime_config().elect(true);
             }
@@ -214,9 +229,13 @@ impl Node {
             let report = Liveness { broker: me, quiet: reports.remove(peer).unwrap_or_default() };
             let (node, peer, address) = (self.clone(), *peer, broker.internal_address.clone());
             self.spawn(async move {
-                let sent = node.inner.peers.liveness(peer, &address, &report, LIVENESS_CALL_TIMEOUT).await;
-                if let Err(error) = sent {
-                    tracing::trace!(peer, %error, "liveness report not delivered");
+                // Bounded here: a call on a connection dead without knowing
+                // it would otherwise wait for the keepalive to notice.
+                let call = node.inner.peers.liveness(peer, &address, &report, LIVENESS_CALL_TIMEOUT);
+                match tokio::time::timeout(LIVENESS_CALL_TIMEOUT, call).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => tracing::trace!(peer, %error, "liveness report not delivered"),
+                    Err(_) => tracing::trace!(peer, "liveness report not answered in time"),
                 }
                 node.inner.quiet.sending.lock().expect("sending").remove(&peer);
             });
@@ -253,6 +272,7 @@ impl Node {
                     *followed = Following { leader: report.broker, wake_at: None };
                 }
                 (true, None) => {
+                    tracing::debug!(%group, leader = report.broker, "followed group goes quiet");
                     raft.runtime_config().elect(false);
                     following.insert(group.clone(), Following { leader: report.broker, wake_at: None });
                 }
