@@ -38,6 +38,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use openraft::ServerState;
+// The runtime's clock (madsim's virtual one in simulation), as openraft's
+// own election timers and the transport's peer timers use: failure
+// detection must keep pace with those, and a broker's skewed wall clock
+// (`crate::clock::Clock`) must not make a live peer look dead.
 use tokio::time::Instant;
 
 use super::Node;
