@@ -79,7 +79,7 @@ impl GroupSessions {
     /// Call after every applied metadata command.
     pub fn sync(&mut self, metadata: &MetadataState, now: MonotonicMs) {
         self.sessions.retain(|group, _| metadata.group(group).is_some_and(|g| !g.members.is_empty()));
-        for (group, info) in metadata.groups() {
+        for (group, info) in metadata.groups().iter() {
             if info.members.is_empty() {
                 continue;
             }

@@ -609,7 +609,7 @@ pub fn check_commands(commands: &[MetadataCommand]) -> Result<(), TestCaseError>
             let highest = deleted_generations.entry(group.clone()).or_insert(deleted);
             *highest = (*highest).max(deleted);
         }
-        for (name, group) in state.groups() {
+        for (name, group) in state.groups().iter() {
             let Some(old) = before.group(name) else {
                 // A group created after a deletion of the same name starts
                 // above the deleted one's generation (its claims are fenced).

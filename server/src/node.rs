@@ -834,7 +834,7 @@ impl Node {
     fn placed_here(&self) -> BTreeMap<GroupId, PlacedGroup> {
         let metadata = self.metadata();
         let mut placed = BTreeMap::new();
-        for (topic, info) in metadata.topics() {
+        for (topic, info) in metadata.topics().iter() {
             for (index, placement) in info.partitions.iter().enumerate() {
                 // A broker moved off a partition keeps its replica open (a
                 // restart reopens it) until the group no longer names it.

@@ -57,14 +57,17 @@ impl GroupInfo {
         self.members.values().any(|m| m.topics.contains(topic))
     }
 
-    /// Recompute the assignment from `partition_counts` (every existing
-    /// topic's partition count); bump the generation if it changed.
-    pub fn rebalance(&mut self, partition_counts: &BTreeMap<TopicName, u32>) {
+    /// Recompute the assignment, given each topic's partition count (`None`:
+    /// the topic does not exist); bump the generation if it changed. Looks
+    /// up only the topics this group's members subscribe to.
+    pub fn rebalance(&mut self, partition_count: impl Fn(&TopicName) -> Option<u32>) {
         let subscriptions: BTreeMap<MemberId, BTreeSet<TopicName>> =
             self.members.iter().map(|(id, member)| (id.clone(), member.topics.clone())).collect();
         let subscribed: BTreeSet<&TopicName> = subscriptions.values().flatten().collect();
-        let topics: BTreeMap<TopicName, u32> =
-            partition_counts.iter().filter(|(t, _)| subscribed.contains(t)).map(|(t, c)| (t.clone(), *c)).collect();
+        let topics: BTreeMap<TopicName, u32> = subscribed
+            .into_iter()
+            .filter_map(|topic| partition_count(topic).map(|count| (topic.clone(), count)))
+            .collect();
         let next = assign(
             self.assignor,
             AssignmentInput { topics: &topics, members: &subscriptions, previous: &self.assignment },

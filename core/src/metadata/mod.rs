@@ -10,8 +10,10 @@
 
 mod command;
 mod group;
+mod rows;
 mod state;
 
 pub use command::{MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult};
 pub use group::{GroupInfo, MemberInfo};
-pub use state::{BrokerInfo, GroupFloor, MetadataState, RetentionPolicy, TopicInfo};
+pub use rows::Rows;
+pub use state::{BrokerInfo, GroupFloor, MetadataChanges, MetadataHead, MetadataState, RetentionPolicy, TopicInfo};

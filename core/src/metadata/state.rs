@@ -8,6 +8,7 @@ use super::command::{
     validate_member, validate_subscription, MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult,
 };
 use super::group::{GroupInfo, MemberInfo};
+use super::rows::Rows;
 use crate::access::AccessRules;
 use crate::assignor::AssignorKind;
 use crate::id::{
@@ -62,9 +63,9 @@ pub struct GroupFloor {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetadataState {
     limits: Limits,
-    brokers: BTreeMap<BrokerId, BrokerInfo>,
-    topics: BTreeMap<TopicName, TopicInfo>,
-    groups: BTreeMap<GroupName, GroupInfo>,
+    brokers: Rows<BrokerId, BrokerInfo>,
+    topics: Rows<TopicName, TopicInfo>,
+    groups: Rows<GroupName, GroupInfo>,
     next_producer_id: ProducerId,
     next_topic_id: u64,
     /// Above every generation and member epoch a deleted group reached: a
@@ -77,15 +78,49 @@ pub struct MetadataState {
     access: AccessRules,
 }
 
+/// Keys of the brokers, topics and groups one or more applies changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MetadataChanges {
+    pub brokers: BTreeSet<BrokerId>,
+    pub topics: BTreeSet<TopicName>,
+    pub groups: BTreeSet<GroupName>,
+}
+
+/// [`MetadataState::head`], borrowed, to encode. Its fields and their order
+/// are [`MetadataHead`]'s: the two must encode alike.
+#[derive(Serialize)]
+struct MetadataHeadRef<'a> {
+    limits: &'a Limits,
+    next_producer_id: ProducerId,
+    next_topic_id: u64,
+    deleted_groups_floor: GroupFloor,
+    applied_commands: u64,
+    rejected_commands: u64,
+    access: &'a AccessRules,
+}
+
+/// The metadata state less its brokers, topics and groups, as decoded from
+/// [`MetadataState::head`]'s encoding.
+#[derive(Debug, Deserialize)]
+pub struct MetadataHead {
+    limits: Limits,
+    next_producer_id: ProducerId,
+    next_topic_id: u64,
+    deleted_groups_floor: GroupFloor,
+    applied_commands: u64,
+    rejected_commands: u64,
+    access: AccessRules,
+}
+
 impl MetadataState {
     /// An empty cluster with these limits. Every replica must start from the
     /// same limits: they decide which commands are rejected.
     pub fn new(limits: Limits) -> Self {
         MetadataState {
             limits,
-            brokers: BTreeMap::new(),
-            topics: BTreeMap::new(),
-            groups: BTreeMap::new(),
+            brokers: Rows::new(),
+            topics: Rows::new(),
+            groups: Rows::new(),
             next_producer_id: ProducerId(1),
             next_topic_id: 1,
             deleted_groups_floor: GroupFloor::default(),
@@ -99,11 +134,11 @@ impl MetadataState {
         &self.limits
     }
 
-    pub fn brokers(&self) -> &BTreeMap<BrokerId, BrokerInfo> {
+    pub fn brokers(&self) -> &Rows<BrokerId, BrokerInfo> {
         &self.brokers
     }
 
-    pub fn topics(&self) -> &BTreeMap<TopicName, TopicInfo> {
+    pub fn topics(&self) -> &Rows<TopicName, TopicInfo> {
         &self.topics
     }
 
@@ -111,7 +146,7 @@ impl MetadataState {
         self.topics.get(topic)
     }
 
-    pub fn groups(&self) -> &BTreeMap<GroupName, GroupInfo> {
+    pub fn groups(&self) -> &Rows<GroupName, GroupInfo> {
         &self.groups
     }
 
@@ -122,6 +157,53 @@ impl MetadataState {
     /// Users and access rules.
     pub fn access(&self) -> &AccessRules {
         &self.access
+    }
+
+    /// The brokers, topics and groups changed since the last call: what a
+    /// store that keeps them as rows must write (or delete, for keys no
+    /// longer present).
+    pub fn take_changes(&mut self) -> MetadataChanges {
+        MetadataChanges {
+            brokers: self.brokers.take_changed(),
+            topics: self.topics.take_changed(),
+            groups: self.groups.take_changed(),
+        }
+    }
+
+    /// Everything but the brokers, topics and groups (which a store keeps
+    /// as rows of their own), to encode; decodes as a [`MetadataHead`].
+    pub fn head(&self) -> impl Serialize + '_ {
+        MetadataHeadRef {
+            limits: &self.limits,
+            next_producer_id: self.next_producer_id,
+            next_topic_id: self.next_topic_id,
+            deleted_groups_floor: self.deleted_groups_floor,
+            applied_commands: self.applied_commands,
+            rejected_commands: self.rejected_commands,
+            access: &self.access,
+        }
+    }
+
+    /// The state a store kept as a head and rows, with nothing marked
+    /// changed.
+    pub fn from_rows(
+        head: MetadataHead,
+        brokers: Rows<BrokerId, BrokerInfo>,
+        topics: Rows<TopicName, TopicInfo>,
+        groups: Rows<GroupName, GroupInfo>,
+    ) -> Self {
+        MetadataState {
+            limits: head.limits,
+            brokers,
+            topics,
+            groups,
+            next_producer_id: head.next_producer_id,
+            next_topic_id: head.next_topic_id,
+            deleted_groups_floor: head.deleted_groups_floor,
+            applied_commands: head.applied_commands,
+            rejected_commands: head.rejected_commands,
+            access: head.access,
+        }
     }
 
     /// Commands applied and commands rejected so far.
@@ -431,9 +513,17 @@ impl MetadataState {
                 }
             }
         }
+        // All or nothing: the moves are made on a copy (O(1): the rows
+        // share structure), kept only if every replica found a place.
         let mut topics = self.topics.clone();
+        let holding: Vec<TopicName> = topics
+            .iter()
+            .filter(|(_, info)| info.partitions.iter().any(|p| p.replicas.contains(&broker)))
+            .map(|(name, _)| name.clone())
+            .collect();
         let mut moved = 0u64;
-        for (name, info) in topics.iter_mut() {
+        for name in holding {
+            let info = topics.get_mut(&name).expect("listed above");
             for (index, placement) in info.partitions.iter_mut().enumerate() {
                 let Some(slot) = placement.replicas.iter().position(|b| *b == broker) else { continue };
                 if !placement.started {
@@ -498,9 +588,11 @@ impl MetadataState {
                 });
             }
         }
-        let counts = self.partition_counts();
-        let floor = self.deleted_groups_floor;
-        let info = self.groups.entry(group_name).or_insert_with(|| GroupInfo::starting_at(assignor, floor));
+        if !self.groups.contains_key(&group_name) {
+            self.groups.insert(group_name.clone(), GroupInfo::starting_at(assignor, self.deleted_groups_floor));
+        }
+        let topics = &self.topics;
+        let info = self.groups.get_mut(&group_name).expect("inserted above");
         info.assignor = assignor;
         // Every join is a new membership with its own epoch, so that an
         // older process (or an earlier join) of the same member id is
@@ -513,7 +605,7 @@ impl MetadataState {
             MemberInfo { topics: subscription, session_timeout_ms, member_epoch, joined_at: at },
         );
         if resubscribed {
-            info.rebalance(&counts);
+            info.rebalance(|topic| partition_count(topics, topic));
         }
         Ok(MetadataOutcome::Joined {
             generation: info.generation,
@@ -524,23 +616,32 @@ impl MetadataState {
 
     fn leave_group(&mut self, group: &str, member: &str) -> MetadataResult {
         let (group_name, member_id) = (GroupName::new(group)?, validate_member(member)?);
-        let counts = self.partition_counts();
-        let Some(info) = self.groups.get_mut(&group_name) else {
-            return Err(MetadataRejection::UnknownGroup { group: group.to_string() });
-        };
-        if info.members.remove(&member_id).is_none() {
-            return Err(MetadataRejection::UnknownMember { group: group.to_string(), member: member.to_string() });
+        if !self.groups.get(&group_name).is_some_and(|info| info.members.contains_key(&member_id)) {
+            return Err(match self.groups.contains_key(&group_name) {
+                true => MetadataRejection::UnknownMember { group: group.to_string(), member: member.to_string() },
+                false => MetadataRejection::UnknownGroup { group: group.to_string() },
+            });
         }
-        info.rebalance(&counts);
+        let topics = &self.topics;
+        let info = self.groups.get_mut(&group_name).expect("checked above");
+        info.members.remove(&member_id);
+        info.rebalance(|topic| partition_count(topics, topic));
         Ok(MetadataOutcome::Left { generation: info.generation })
     }
 
     fn expire_members(&mut self, group: &str, members: &[(String, u64)]) -> MetadataResult {
         let group_name = GroupName::new(group)?;
-        let counts = self.partition_counts();
-        let Some(info) = self.groups.get_mut(&group_name) else {
+        let Some(current) = self.groups.get(&group_name) else {
             return Err(MetadataRejection::UnknownGroup { group: group.to_string() });
         };
+        if !members.iter().any(|(member, epoch)| {
+            MemberId::new(member.as_str())
+                .is_ok_and(|id| current.members.get(&id).is_some_and(|m| m.member_epoch == *epoch))
+        }) {
+            return Ok(MetadataOutcome::MembersExpired { generation: current.generation, expired: Vec::new() });
+        }
+        let topics = &self.topics;
+        let info = self.groups.get_mut(&group_name).expect("looked up above");
         let mut expired = Vec::new();
         for (member, epoch) in members {
             let Ok(member_id) = MemberId::new(member.as_str()) else {
@@ -552,7 +653,7 @@ impl MetadataState {
             }
         }
         if !expired.is_empty() {
-            info.rebalance(&counts);
+            info.rebalance(|topic| partition_count(topics, topic));
         }
         Ok(MetadataOutcome::MembersExpired { generation: info.generation, expired })
     }
@@ -572,9 +673,12 @@ impl MetadataState {
     }
 
     fn rebalance_groups_subscribed_to(&mut self, topic: &TopicName) {
-        let counts = self.partition_counts();
-        for info in self.groups.values_mut().filter(|g| g.subscribes_to(topic)) {
-            info.rebalance(&counts);
+        let subscribed: Vec<GroupName> =
+            self.groups.iter().filter(|(_, g)| g.subscribes_to(topic)).map(|(name, _)| name.clone()).collect();
+        let topics = &self.topics;
+        for name in subscribed {
+            let info = self.groups.get_mut(&name).expect("listed above");
+            info.rebalance(|topic| partition_count(topics, topic));
         }
     }
 
@@ -590,7 +694,7 @@ impl MetadataState {
         let ids: BTreeSet<u64> = self.topics.values().map(|t| t.id).collect();
         ensure(ids.len() == self.topics.len(), || "two topics share an id".into())?;
         ensure(ids.iter().all(|id| *id >= 1 && *id < self.next_topic_id), || "a topic id was not allocated".into())?;
-        for (name, topic) in &self.topics {
+        for (name, topic) in self.topics.iter() {
             let count = topic.partitions.len() as u64;
             ensure(count >= 1 && count <= u64::from(self.limits.partitions_per_topic_max), || {
                 format!("topic {name} has {count} partitions")
@@ -613,7 +717,7 @@ impl MetadataState {
             }
         }
         let counts = self.partition_counts();
-        for (name, group) in &self.groups {
+        for (name, group) in self.groups.iter() {
             ensure(group.members.len() as u64 <= u64::from(self.limits.members_per_group_max), || {
                 format!("group {name} is over members_per_group_max")
             })?;
@@ -637,6 +741,11 @@ impl MetadataState {
         }
         Ok(())
     }
+}
+
+/// A topic's partition count, if it exists.
+fn partition_count(topics: &Rows<TopicName, TopicInfo>, topic: &TopicName) -> Option<u32> {
+    topics.get(topic).map(|info| info.partitions.len() as u32)
 }
 
 /// The brokers that may still be members of a partition's group after its

@@ -225,7 +225,7 @@ impl Node {
     fn send_liveness(&self, mut reports: BTreeMap<NodeId, Vec<QuietGroup>>) {
         let me = self.id();
         let metadata = self.metadata();
-        for (peer, broker) in metadata.brokers() {
+        for (peer, broker) in metadata.brokers().iter() {
             let peer = &peer.0;
             if *peer == me || !self.inner.quiet.sending.lock().expect("sending").insert(*peer) {
                 continue;

@@ -23,6 +23,7 @@ pub mod crash_disk;
 mod ledger;
 mod log_rows;
 mod log_store;
+mod metadata_rows;
 mod records;
 pub mod segments;
 pub mod snapshot_file;

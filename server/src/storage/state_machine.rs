@@ -17,6 +17,7 @@ use redb::ReadableTable;
 use serde::{Deserialize, Serialize};
 
 use super::log_store::io_error;
+use super::metadata_rows::{self, METADATA_ROWS};
 use super::records::{self, RecordReader, RecordWriter};
 use super::snapshot_file::{self, SnapshotFile};
 use super::store::{NodeStore, StoreError, SNAPSHOTS, STATE};
@@ -31,12 +32,75 @@ pub enum GroupState {
     Partition(Arc<PartitionState>),
 }
 
-/// What a group's state machine has applied, as stored.
+/// What a group's state machine has applied: a snapshot's head.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Applied {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     state: GroupState,
+}
+
+/// What a group's row in `STATE` holds: `Applied`, less the metadata's
+/// state, which is kept as rows of its own (`metadata_rows`) so that an
+/// apply writes only what it changed.
+#[derive(Serialize, Deserialize)]
+struct AppliedRow {
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+    state: StoredState,
+}
+
+/// Variants in `GroupState`'s order.
+#[derive(Serialize, Deserialize)]
+enum StoredState {
+    /// In `METADATA_ROWS`.
+    MetadataRows,
+    Partition(Arc<PartitionState>),
+}
+
+/// Write `group`'s applied state in `txn`: a partition's whole, the
+/// metadata's changed rows (`every_row`: all of them, replacing any).
+fn write_applied(
+    txn: &redb::WriteTransaction,
+    group: &str,
+    last_applied: Option<LogId>,
+    membership: &StoredMembership,
+    state: &mut GroupState,
+    every_row: bool,
+) -> Result<(), StoreError> {
+    let stored = match state {
+        GroupState::Metadata(metadata) => {
+            let metadata = Arc::make_mut(metadata);
+            match every_row {
+                true => metadata_rows::write_all(txn, metadata)?,
+                false => metadata_rows::write_changes(txn, metadata)?,
+            }
+            StoredState::MetadataRows
+        }
+        GroupState::Partition(partition) => StoredState::Partition(Arc::clone(partition)),
+    };
+    let row = AppliedRow { last_applied, membership: membership.clone(), state: stored };
+    txn.open_table(STATE)?.insert(group, postcard::to_stdvec(&row)?.as_slice())?;
+    Ok(())
+}
+
+/// `group`'s applied state as stored, if any.
+fn read_applied(txn: &redb::ReadTransaction, group: &str) -> Result<Option<Applied>, StoreError> {
+    let Some(value) = txn.open_table(STATE)?.get(group)? else { return Ok(None) };
+    let row: AppliedRow = postcard::from_bytes(value.value())?;
+    let state = match row.state {
+        StoredState::Partition(partition) => GroupState::Partition(partition),
+        StoredState::MetadataRows => {
+            let metadata = metadata_rows::read(&txn.open_table(METADATA_ROWS)?)?.ok_or_else(|| {
+                StoreError::Inconsistent(format!(
+                    "group {group}'s state names metadata rows, but none are stored: this data directory \
+                     was written by an older keel; move it aside and start the broker on an empty one"
+                ))
+            })?;
+            GroupState::Metadata(Arc::new(metadata))
+        }
+    };
+    Ok(Some(Applied { last_applied: row.last_applied, membership: row.membership, state }))
 }
 
 /// A group's state, shared with the node (for reads and reconciliation).
@@ -86,11 +150,7 @@ impl GroupStateMachine {
     pub fn open(store: Arc<NodeStore>, group: String, initial: GroupState) -> Result<Self, StoreError> {
         // A snapshot being received when the node stopped is abandoned.
         snapshot_file::remove_incoming(&store, &group)?;
-        let stored: Option<Applied> = store.read(|txn| {
-            let table = txn.open_table(STATE)?;
-            let value = table.get(group.as_str())?;
-            Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
-        })?;
+        let stored = store.read(|txn| read_applied(txn, &group))?;
         let applied =
             stored.unwrap_or(Applied { last_applied: None, membership: StoredMembership::default(), state: initial });
         if let GroupState::Partition(partition) = &applied.state {
@@ -206,9 +266,8 @@ impl GroupStateMachine {
                 if let Some(log) = log {
                     log.finish()?;
                 }
-                let row = Applied { last_applied: applied.0, membership: applied.1.clone(), state: state.clone() };
-                txn.open_table(STATE)?.insert(group, postcard::to_stdvec(&row)?.as_slice())?;
-                Ok((responses, row.state))
+                write_applied(txn, group, applied.0, &applied.1, &mut state, false)?;
+                Ok((responses, state.clone()))
             })
             .await?;
         // Readers see the new state only now that its records are committed.
@@ -223,10 +282,7 @@ impl GroupStateMachine {
     async fn build(&self) -> Result<Snapshot<TypeConfig>, StoreError> {
         // The log may be purged up to this snapshot: make the state durable.
         self.store.flush().await?;
-        let stored: Option<Applied> = self.store.read(|txn| {
-            let value = txn.open_table(STATE)?.get(self.group.as_str())?;
-            Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
-        })?;
+        let stored = self.store.read(|txn| read_applied(txn, &self.group))?;
         let applied = stored.unwrap_or_else(|| self.applied());
         let snapshot_id = match applied.last_applied {
             Some(log_id) => format!("{}-{}", log_id.leader_id, log_id.index),
@@ -356,7 +412,9 @@ impl GroupStateMachine {
         snapshot_file::seal(&self.store, &key)?;
         let mut reader = SnapshotFile::open(self.store.clone(), key.clone())?;
         reader.read_item::<Applied>()?;
-        let (group, row, saved) = (self.group.clone(), postcard::to_stdvec(&applied)?, postcard::to_stdvec(&current)?);
+        let (group, saved) = (self.group.clone(), postcard::to_stdvec(&current)?);
+        let (last_applied, membership, mut state) =
+            (applied.last_applied, applied.membership.clone(), applied.state.clone());
         // One durable transaction replaces the records and the state and
         // makes this snapshot current; the records are read a chunk at a time.
         let previous = self
@@ -364,7 +422,7 @@ impl GroupStateMachine {
             .write(true, move |txn| {
                 let group = group.as_str();
                 records::replace_with_copies(txn, group, || reader.read_item::<StoredRecord>())?;
-                txn.open_table(STATE)?.insert(group, row.as_slice())?;
+                write_applied(txn, group, last_applied, &membership, &mut state, true)?;
                 let previous = CurrentSnapshot::read(&txn.open_table(SNAPSHOTS)?, group)?;
                 txn.open_table(SNAPSHOTS)?.insert(group, saved.as_slice())?;
                 Ok(previous.map(|p| p.key))

@@ -281,6 +281,7 @@ impl NodeStore {
         }
         txn.open_table(RAFT_META)?;
         txn.open_table(STATE)?;
+        txn.open_table(super::metadata_rows::METADATA_ROWS)?;
         txn.open_table(SNAPSHOTS)?;
         txn.open_table(NODE)?;
         txn.open_table(SEGMENT_LOG)?;

@@ -1,0 +1,161 @@
+//! What one metadata apply costs on a large cluster: the real state
+//! machine (`GroupStateMachine` over a `NodeStore` on disk) holding 10,000
+//! partitions (RF 3) and 100 groups of 10 members, each subscribed to every
+//! topic, with a reader holding the state as the node's request handlers do.
+//!
+//! Each case applies one command per batch and reports the median and
+//! worst of its applies:
+//! - allocate a producer id (the command changes one counter);
+//! - a member joins one group, then leaves (the group is reassigned);
+//! - a broker registers again (one broker row).
+//!
+//! The build of the starting state is timed too (core only, no disk).
+//! Run with `cargo bench -p keel-server --bench metadata`.
+
+#[allow(dead_code)] // of common, only `full_run` is used here
+mod common;
+
+use std::time::{Duration, Instant};
+
+use keel_core::assignor::AssignorKind;
+use keel_core::metadata::{MetadataCommand, MetadataState, RetentionPolicy};
+use keel_core::{BrokerId, Limits, TimestampMs};
+use keel_server::raft::types::{Command, LogId, Request, Response, TypeConfig};
+use keel_server::storage::{GroupState, GroupStateMachine, NodeStore};
+use openraft::storage::RaftStateMachine;
+use openraft::{CommittedLeaderId, Entry, EntryPayload};
+
+const TOPICS: u32 = 10;
+const MEMBERS_PER_GROUP: u32 = 10;
+
+fn apply_core(state: &mut MetadataState, command: MetadataCommand) {
+    state.apply(TimestampMs(1), &command).unwrap_or_else(|e| panic!("{command:?}: {e}"));
+}
+
+/// 3 brokers, `TOPICS` topics of `partitions / TOPICS` partitions, `groups`
+/// groups of `MEMBERS_PER_GROUP` members subscribed to every topic.
+fn large_state(partitions: u32, groups: u32) -> MetadataState {
+    let limits = Limits { groups_max: 1_000_000, ..Limits::default() };
+    let mut state = MetadataState::new(limits);
+    for broker in 1..=3 {
+        apply_core(
+            &mut state,
+            MetadataCommand::RegisterBroker {
+                broker: BrokerId(broker),
+                address: format!("127.0.0.1:{}", 9000 + broker),
+                internal_address: format!("127.0.0.1:{}", 9100 + broker),
+            },
+        );
+    }
+    let topics: Vec<String> = (0..TOPICS).map(|t| format!("topic-{t}")).collect();
+    for topic in &topics {
+        apply_core(
+            &mut state,
+            MetadataCommand::CreateTopic {
+                topic: topic.clone(),
+                partitions: partitions / TOPICS,
+                replication_factor: 3,
+                retention: RetentionPolicy::default(),
+            },
+        );
+    }
+    for group in 0..groups {
+        for member in 0..MEMBERS_PER_GROUP {
+            apply_core(&mut state, join(group, member, &topics));
+        }
+    }
+    state
+}
+
+fn join(group: u32, member: u32, topics: &[String]) -> MetadataCommand {
+    MetadataCommand::JoinGroup {
+        group: format!("group-{group}"),
+        member: format!("member-{member}"),
+        topics: topics.to_vec(),
+        session_timeout_ms: 10_000,
+        assignor: AssignorKind::StickyBalanced,
+    }
+}
+
+struct Bench {
+    machine: GroupStateMachine,
+    next_index: u64,
+    /// What the node's readers hold between applies.
+    _reader: GroupState,
+}
+
+impl Bench {
+    async fn apply(&mut self, command: MetadataCommand) -> Duration {
+        self.next_index += 1;
+        let request = Request { at: TimestampMs(2), command: Command::Metadata(command) };
+        let entry: Entry<TypeConfig> = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), self.next_index),
+            payload: EntryPayload::Normal(request),
+        };
+        let begun = Instant::now();
+        let responses = self.machine.apply([entry]).await.expect("apply");
+        let took = begun.elapsed();
+        assert!(matches!(&responses[0], Response::Metadata(Ok(_))), "{responses:?}");
+        self._reader = self.machine.state().lock().expect("state").clone();
+        took
+    }
+}
+
+fn report(name: &str, took: &mut [Duration]) {
+    took.sort_unstable();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "{name:<44} median {:>9.3} ms   worst {:>9.3} ms   ({} applies)",
+        ms(took[took.len() / 2]),
+        ms(took[took.len() - 1]),
+        took.len()
+    );
+}
+
+fn main() {
+    let full = common::full_run();
+    let (partitions, groups, rounds) = if full { (10_000, 100, 21) } else { (100, 3, 3) };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let begun = Instant::now();
+        let state = large_state(partitions, groups);
+        println!(
+            "metadata of {partitions} partitions (RF 3) x {groups} groups of {MEMBERS_PER_GROUP} members built in {:.1} s",
+            begun.elapsed().as_secs_f64()
+        );
+        let dir = tempfile::TempDir::new().unwrap();
+        let store = NodeStore::open(dir.path()).unwrap();
+        let initial = GroupState::Metadata(std::sync::Arc::new(state));
+        let machine = GroupStateMachine::open(store, "metadata".into(), initial.clone()).unwrap();
+        let mut bench = Bench { machine, next_index: 0, _reader: initial };
+        let topics: Vec<String> = (0..TOPICS).map(|t| format!("topic-{t}")).collect();
+
+        let mut took = Vec::new();
+        for _ in 0..rounds {
+            took.push(bench.apply(MetadataCommand::AllocateProducerId).await);
+        }
+        report("allocate a producer id", &mut took);
+
+        let (mut joins, mut leaves) = (Vec::new(), Vec::new());
+        for round in 0..rounds {
+            let group = round % groups;
+            joins.push(bench.apply(join(group, MEMBERS_PER_GROUP, &topics)).await);
+            let leave =
+                MetadataCommand::LeaveGroup { group: format!("group-{group}"), member: format!("member-{MEMBERS_PER_GROUP}") };
+            leaves.push(bench.apply(leave).await);
+        }
+        report("a member joins a group (sticky)", &mut joins);
+        report("a member leaves a group (sticky)", &mut leaves);
+
+        let mut took = Vec::new();
+        for _ in 0..rounds {
+            let register = MetadataCommand::RegisterBroker {
+                broker: BrokerId(2),
+                address: "127.0.0.1:9002".into(),
+                internal_address: "127.0.0.1:9102".into(),
+            };
+            took.push(bench.apply(register).await);
+        }
+        report("a broker registers again", &mut took);
+    });
+}
