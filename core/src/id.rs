@@ -53,16 +53,19 @@ fn validate_name(kind: &str, name: &str) -> Result<(), NameError> {
 macro_rules! validated_name {
     ($(#[$doc:meta])* $type:ident, $kind:literal) => {
         $(#[$doc])*
-        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(try_from = "String", into = "String")]
-        pub struct $type(String);
+        ///
+        /// Shared, not copied: a clone is a reference count (an assignment
+        /// names a member once per partition it owns).
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+        #[serde(try_from = "String")]
+        pub struct $type(std::sync::Arc<str>);
 
         impl $type {
             /// Validate and wrap a name: 1-249 characters of `[A-Za-z0-9._-]`.
             pub fn new(name: impl Into<String>) -> Result<Self, NameError> {
                 let name = name.into();
                 validate_name($kind, &name)?;
-                Ok(Self(name))
+                Ok(Self(name.into()))
             }
 
             /// The name as a string slice.
@@ -80,7 +83,13 @@ macro_rules! validated_name {
 
         impl From<$type> for String {
             fn from(name: $type) -> String {
-                name.0
+                name.0.to_string()
+            }
+        }
+
+        impl Serialize for $type {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(&self.0)
             }
         }
 

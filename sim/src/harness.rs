@@ -2279,7 +2279,7 @@ fn log_starts(world: &World) -> BTreeMap<(String, u32), u64> {
     let mut starts = BTreeMap::new();
     let Some(metadata) = newest_metadata(world) else { return starts };
     for node in world.live_nodes() {
-        for (name, info) in metadata.topics() {
+        for (name, info) in metadata.topics().iter() {
             for index in 0..info.partitions.len() as u32 {
                 let partition = TopicPartition::new(name.clone(), PartitionIndex(index));
                 if node.partition_group(&partition) != Some(GroupId::Partition(partition.clone(), info.id)) {

@@ -62,7 +62,12 @@ impl Assignment {
 
     /// The partitions a member owns, in order.
     pub fn partitions_of(&self, member: &MemberId) -> Vec<TopicPartition> {
-        self.iter().filter(|(_, owner)| *owner == member).map(|(partition, _)| partition).collect()
+        let mut owned = Vec::new();
+        for (topic, partitions) in &self.owners {
+            let mine = partitions.iter().filter(|(_, owner)| *owner == member);
+            owned.extend(mine.map(|(index, _)| TopicPartition::new(topic.clone(), *index)));
+        }
+        owned
     }
 
     /// How many partitions each member owns (members owning none are absent).

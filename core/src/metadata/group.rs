@@ -2,6 +2,7 @@
 //! subscriptions, the assignment and its generation.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -31,7 +32,9 @@ pub struct GroupInfo {
     pub generation: Generation,
     pub assignor: AssignorKind,
     pub members: BTreeMap<MemberId, MemberInfo>,
-    pub assignment: Assignment,
+    /// Shared: a change to the group (a copy of it, as the metadata's rows
+    /// make on write) copies the assignment only when it is recomputed.
+    pub assignment: Arc<Assignment>,
     /// The epoch the next joining member gets.
     pub next_member_epoch: u64,
 }
@@ -47,7 +50,7 @@ impl GroupInfo {
             generation: floor.generation,
             assignor,
             members: BTreeMap::new(),
-            assignment: Assignment::default(),
+            assignment: Arc::default(),
             next_member_epoch: floor.member_epoch.max(1),
         }
     }
@@ -72,8 +75,8 @@ impl GroupInfo {
             self.assignor,
             AssignmentInput { topics: &topics, members: &subscriptions, previous: &self.assignment },
         );
-        if next != self.assignment {
-            self.assignment = next;
+        if next != *self.assignment {
+            self.assignment = Arc::new(next);
             self.generation = self.generation.next();
         }
     }
