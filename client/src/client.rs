@@ -715,6 +715,24 @@ impl Client {
         Ok(cluster)
     }
 
+    /// The cluster's settings: name, value and scope of each.
+    pub async fn describe_cluster_config(&self) -> Result<Vec<pb::ClusterSetting>, ClientError> {
+        let describe = |mut c: Api| async move { c.describe_cluster_config(pb::DescribeClusterConfigRequest {}).await };
+        let answer = self.call(Route::Any, describe).await?;
+        Ok(answer.settings)
+    }
+
+    /// Change a cluster-scoped setting; returns the value it had.
+    pub async fn set_cluster_config(&self, name: &str, value: u64) -> Result<u64, ClientError> {
+        let request = pb::SetClusterConfigRequest { name: name.to_string(), value };
+        let set = |mut c: Api| {
+            let request = request.clone();
+            async move { c.set_cluster_config(request).await }
+        };
+        let answer = self.call(Route::Metadata, set).await?;
+        Ok(answer.previous)
+    }
+
     /// Create `user` with `credential` (or with `replace`, give it a new
     /// one); derive it with [`keel_core::access::Credential::derive`] from
     /// the secret and a fresh random salt, so that only the hash reaches the

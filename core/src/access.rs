@@ -134,10 +134,12 @@ pub enum Operation {
     Users,
     /// Cluster: add and remove rules.
     Acls,
+    /// Cluster: change its settings (`keel cluster config set`).
+    Configure,
 }
 
 impl Operation {
-    pub const ALL: [Operation; 11] = [
+    pub const ALL: [Operation; 12] = [
         Operation::Produce,
         Operation::Consume,
         Operation::Describe,
@@ -149,6 +151,7 @@ impl Operation {
         Operation::Brokers,
         Operation::Users,
         Operation::Acls,
+        Operation::Configure,
     ];
 
     pub fn name(self) -> &'static str {
@@ -164,6 +167,7 @@ impl Operation {
             Operation::Brokers => "brokers",
             Operation::Users => "users",
             Operation::Acls => "acls",
+            Operation::Configure => "configure",
         }
     }
 
@@ -185,7 +189,7 @@ impl Operation {
         match kind {
             ResourceKind::Topic => matches!(self, Produce | Consume | Describe | Create | Delete | Alter),
             ResourceKind::Group => matches!(self, Join | Describe | Reset | Delete),
-            ResourceKind::Cluster => matches!(self, Brokers | Users | Acls),
+            ResourceKind::Cluster => matches!(self, Brokers | Users | Acls | Configure),
         }
     }
 }

@@ -53,6 +53,10 @@ pub struct Limits {
     pub groups_per_partition_max: u32,
     /// Most records one retention command removes, so that apply stays short.
     pub retention_records_per_apply_max: u32,
+    /// How long a consumer group with no members is kept (with its
+    /// generation) before the cluster forgets it, in milliseconds; as
+    /// Kafka's `offsets.retention.minutes`, 7 days by default.
+    pub group_retention_ms: u64,
 }
 
 impl Default for Limits {
@@ -79,6 +83,176 @@ impl Default for Limits {
             producer_batches_remembered_max: 5,
             groups_per_partition_max: 10_000,
             retention_records_per_apply_max: 100_000,
+            group_retention_ms: 7 * 24 * 60 * 60 * 1000,
         }
+    }
+}
+
+/// Where a setting takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SettingScope {
+    /// Read from the cluster's metadata by each command: a change (`keel
+    /// cluster config set`) applies to every later command.
+    Cluster,
+    /// Copied into each partition's state when its topic is created, and
+    /// fixed there.
+    Partition,
+}
+
+impl SettingScope {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            SettingScope::Cluster => "cluster",
+            SettingScope::Partition => "partition",
+        }
+    }
+}
+
+/// One setting, as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    pub name: &'static str,
+    pub value: u64,
+    pub scope: SettingScope,
+}
+
+/// Why a setting cannot take a value. Each message says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum SettingError {
+    #[error("there is no setting {name:?}: `keel cluster config` lists them")]
+    Unknown { name: String },
+    #[error(
+        "{name} is fixed in each partition when its topic is created, so it cannot be changed on a running cluster \
+         (start the brokers of a new cluster with the value instead)"
+    )]
+    Fixed { name: String },
+    #[error("{name} cannot be {value}: {reason}")]
+    Invalid { name: String, value: u64, reason: String },
+}
+
+/// A setting's field, to change.
+enum FieldMut<'a> {
+    U32(&'a mut u32),
+    U64(&'a mut u64),
+}
+
+impl<'a> From<&'a mut u32> for FieldMut<'a> {
+    fn from(field: &'a mut u32) -> FieldMut<'a> {
+        FieldMut::U32(field)
+    }
+}
+
+impl<'a> From<&'a mut u64> for FieldMut<'a> {
+    fn from(field: &'a mut u64) -> FieldMut<'a> {
+        FieldMut::U64(field)
+    }
+}
+
+/// Every limit is a setting, under its field's name.
+macro_rules! settings {
+    ($($field:ident: $scope:ident,)*) => {
+        impl Limits {
+            /// Every setting with its value, in a fixed order.
+            pub fn settings(&self) -> Vec<Setting> {
+                vec![$(Setting { name: stringify!($field), value: self.$field as u64, scope: SettingScope::$scope },)*]
+            }
+
+            fn field_mut(&mut self, name: &str) -> Option<(SettingScope, FieldMut<'_>)> {
+                match name {
+                    $(stringify!($field) => Some((SettingScope::$scope, FieldMut::from(&mut self.$field))),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+settings! {
+    partitions_per_topic_max: Cluster,
+    replication_factor_max: Cluster,
+    topics_max: Cluster,
+    brokers_max: Cluster,
+    broker_address_bytes_max: Cluster,
+    groups_max: Cluster,
+    members_per_group_max: Cluster,
+    subscriptions_per_member_max: Cluster,
+    session_timeout_ms_min: Cluster,
+    session_timeout_ms_max: Cluster,
+    group_retention_ms: Cluster,
+    record_key_bytes_max: Partition,
+    record_value_bytes_max: Partition,
+    record_headers_max: Partition,
+    record_bytes_max: Partition,
+    batch_records_max: Partition,
+    batch_bytes_max: Partition,
+    read_records_max: Partition,
+    producers_per_partition_max: Partition,
+    producer_batches_remembered_max: Partition,
+    groups_per_partition_max: Partition,
+    retention_records_per_apply_max: Partition,
+}
+
+impl Limits {
+    /// A setting's value, if it exists.
+    pub fn setting(&self, name: &str) -> Option<u64> {
+        self.settings().into_iter().find(|s| s.name == name).map(|s| s.value)
+    }
+
+    /// Set a cluster-scoped setting; returns the value it had. Checks only
+    /// the value itself (at least 1, within the field's range, the session
+    /// bounds in order); what the state holds (e.g. more groups than a new
+    /// `groups_max`) is the metadata state machine's to check.
+    pub fn set(&mut self, name: &str, value: u64) -> Result<u64, SettingError> {
+        let invalid = |reason: &str| SettingError::Invalid { name: name.to_string(), value, reason: reason.into() };
+        let (min, max) = (self.session_timeout_ms_min, self.session_timeout_ms_max);
+        let Some((scope, field)) = self.field_mut(name) else {
+            return Err(SettingError::Unknown { name: name.to_string() });
+        };
+        if scope == SettingScope::Partition {
+            return Err(SettingError::Fixed { name: name.to_string() });
+        }
+        if value == 0 {
+            return Err(invalid("it must be at least 1"));
+        }
+        if name == "session_timeout_ms_min" && value > max {
+            return Err(invalid(&format!("it is above session_timeout_ms_max ({max} ms)")));
+        }
+        if name == "session_timeout_ms_max" && value < min {
+            return Err(invalid(&format!("it is below session_timeout_ms_min ({min} ms)")));
+        }
+        match field {
+            FieldMut::U32(field) => {
+                let value = u32::try_from(value).map_err(|_| invalid(&format!("it must be at most {}", u32::MAX)))?;
+                Ok(u64::from(std::mem::replace(field, value)))
+            }
+            FieldMut::U64(field) => Ok(std::mem::replace(field, value)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_limit_is_listed_and_only_cluster_settings_change() {
+        let mut limits = Limits::default();
+        let settings = limits.settings();
+        // Every field of Limits is listed (a field missing from `settings!`
+        // would be neither shown nor settable).
+        let encoded = postcard::to_stdvec(&limits).unwrap();
+        let fields = serde_json::to_value(&limits).unwrap().as_object().unwrap().len();
+        assert_eq!(settings.len(), fields, "{encoded:?}");
+        assert_eq!(limits.set("groups_max", 20), Ok(10_000));
+        assert_eq!(limits.groups_max, 20);
+        assert_eq!(limits.set("group_retention_ms", 1_000), Ok(7 * 24 * 60 * 60 * 1000));
+        assert_eq!(limits.setting("group_retention_ms"), Some(1_000));
+        assert!(matches!(limits.set("batch_bytes_max", 5), Err(SettingError::Fixed { .. })));
+        assert!(matches!(limits.set("no_such", 5), Err(SettingError::Unknown { .. })));
+        assert!(matches!(limits.set("groups_max", 0), Err(SettingError::Invalid { .. })));
+        assert!(matches!(limits.set("topics_max", u64::from(u32::MAX) + 1), Err(SettingError::Invalid { .. })));
+        assert!(matches!(limits.set("session_timeout_ms_min", 400_000), Err(SettingError::Invalid { .. })));
+        assert!(matches!(limits.set("session_timeout_ms_max", 10), Err(SettingError::Invalid { .. })));
+        assert_eq!(limits.groups_max, 20, "a refused value changes nothing");
     }
 }

@@ -368,6 +368,9 @@ impl Model {
             // Not generated: moves settling and drains are tested by example
             // in tests/rejections.rs.
             MetadataCommand::DrainBroker { .. } => unreachable!("not generated"),
+            // Not generated: settings and group forgetting are tested by
+            // example in tests/rejections.rs.
+            MetadataCommand::SetLimit { .. } | MetadataCommand::ForgetGroup { .. } => unreachable!("not generated"),
         }
     }
 
@@ -564,6 +567,9 @@ fn rejection_kind(rejection: &MetadataRejection) -> &'static str {
         MetadataRejection::Access(_) => "Access",
         MetadataRejection::PartitionCountDecrease { .. } => "PartitionCountDecrease",
         MetadataRejection::GroupHasMembers { .. } => "GroupHasMembers",
+        MetadataRejection::Setting(_) => "Setting",
+        MetadataRejection::SettingBelowCurrent { .. } => "SettingBelowCurrent",
+        MetadataRejection::GroupNotExpired { .. } => "GroupNotExpired",
     }
 }
 

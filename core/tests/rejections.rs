@@ -202,6 +202,85 @@ fn metadata_rejections() {
 }
 
 #[test]
+fn settings_change_by_command_unless_the_state_holds_more() {
+    let set = |name: &str, value: u64| MetadataCommand::SetLimit { name: name.into(), value };
+    // The cluster holds 2 brokers, 1 topic of 2 partitions at RF 2, 1 group of 1 member.
+    for (name, value) in [
+        ("brokers_max", 1),
+        ("partitions_per_topic_max", 1),
+        ("replication_factor_max", 1),
+        ("topics_max", 0),
+        ("groups_max", 0),
+        ("members_per_group_max", 0),
+    ] {
+        let rejection = rejected(set(name, value));
+        assert!(
+            matches!(rejection, MetadataRejection::SettingBelowCurrent { .. } | MetadataRejection::Setting(_)),
+            "{name} = {value}: {rejection}"
+        );
+    }
+    assert!(matches!(rejected(set("batch_bytes_max", 100)), MetadataRejection::Setting(_)));
+    assert!(matches!(rejected(set("nothing_like_it", 100)), MetadataRejection::Setting(_)));
+    assert_eq!(rejected(set("groups_max", 0)).kind(), "Setting");
+    assert_eq!(rejected(set("brokers_max", 1)).kind(), "SettingBelowCurrent");
+
+    let mut state = cluster();
+    // groups_max is 1: a second group is refused until the limit is raised.
+    let second = join("h", "m2", &["t"], 10_000, AssignorKind::StickyBalanced);
+    assert!(matches!(state.apply(TimestampMs(2), &second), Err(MetadataRejection::TooManyGroups { max: 1 })));
+    let outcome = state.apply(TimestampMs(3), &set("groups_max", 2)).unwrap();
+    assert_eq!(
+        outcome,
+        keel_core::metadata::MetadataOutcome::LimitSet { name: "groups_max".into(), previous: 1, value: 2 }
+    );
+    assert_eq!(state.limits().groups_max, 2);
+    state.apply(TimestampMs(4), &second).unwrap();
+    // Now it holds 2 groups: 1 is refused, 2 is fine.
+    assert!(matches!(
+        state.apply(TimestampMs(5), &set("groups_max", 1)),
+        Err(MetadataRejection::SettingBelowCurrent { current: 2, .. })
+    ));
+    state.apply(TimestampMs(6), &set("groups_max", 2)).unwrap();
+    state.check_invariants().unwrap();
+}
+
+#[test]
+fn an_empty_group_is_forgotten_after_its_retention_and_not_before() {
+    let mut state = cluster();
+    let group = keel_core::GroupName::new("g").unwrap();
+    state
+        .apply(TimestampMs(1), &MetadataCommand::SetLimit { name: "group_retention_ms".into(), value: 1_000 })
+        .unwrap();
+    let forget = |since: u64| MetadataCommand::ForgetGroup { group: "g".into(), empty_since: TimestampMs(since) };
+    // With a member it is never forgotten.
+    assert_eq!(state.group(&group).unwrap().empty_since, None);
+    let not_expired = |r: Result<_, MetadataRejection>| matches!(r, Err(MetadataRejection::GroupNotExpired { .. }));
+    assert!(not_expired(state.apply(TimestampMs(99_999), &forget(0))));
+    state.apply(TimestampMs(100), &MetadataCommand::LeaveGroup { group: "g".into(), member: "m".into() }).unwrap();
+    let emptied = state.group(&group).unwrap().clone();
+    assert_eq!(emptied.empty_since, Some(TimestampMs(100)));
+    // Too soon, or naming another emptying: kept.
+    assert!(not_expired(state.apply(TimestampMs(1_099), &forget(100))));
+    assert!(not_expired(state.apply(TimestampMs(5_000), &forget(99))));
+    // Joined and left again: a proposal about the first emptying is stale.
+    state.apply(TimestampMs(200), &join("g", "m", &["t"], 10_000, AssignorKind::StickyBalanced)).unwrap();
+    assert_eq!(state.group(&group).unwrap().empty_since, None);
+    state.apply(TimestampMs(300), &MetadataCommand::LeaveGroup { group: "g".into(), member: "m".into() }).unwrap();
+    assert!(not_expired(state.apply(TimestampMs(5_000), &forget(100))));
+    // Due: forgotten, and a group of the same name starts above it.
+    let last = state.group(&group).unwrap().clone();
+    let outcome = state.apply(TimestampMs(1_300), &forget(300)).unwrap();
+    assert_eq!(outcome, keel_core::metadata::MetadataOutcome::GroupForgotten { group: group.clone() });
+    assert!(state.group(&group).is_none());
+    assert!(matches!(state.apply(TimestampMs(1_400), &forget(300)), Err(MetadataRejection::UnknownGroup { .. })));
+    state.apply(TimestampMs(1_500), &join("g", "m", &["t"], 10_000, AssignorKind::StickyBalanced)).unwrap();
+    let again = state.group(&group).unwrap();
+    assert!(again.generation > last.generation, "{again:?} after {last:?}");
+    assert!(again.members.values().all(|m| m.member_epoch >= last.next_member_epoch), "{again:?}");
+    state.check_invariants().unwrap();
+}
+
+#[test]
 fn a_topic_deleted_and_created_again_keeps_group_generations_rising() {
     let mut state = cluster();
     let group = keel_core::GroupName::new("g").unwrap();

@@ -39,6 +39,7 @@ use crate::raft::types::{Command, NodeId, Raft, Request, Response, TypeConfig};
 use crate::storage::{GroupState, GroupStateMachine, LogStore, NodeStore, StoreError};
 
 mod append;
+mod group_expiry;
 mod membership;
 mod quiesce;
 mod retention;
@@ -988,6 +989,7 @@ impl Node {
                 Err(_) => tracing::debug!("expiring members got no answer in time; retrying"),
             }
         }
+        self.forget_expired_groups().await;
     }
 
     /// Stop the node: its groups, the server and every task. The store is

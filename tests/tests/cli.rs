@@ -759,3 +759,53 @@ async fn progress_lines_show_on_a_terminal_and_not_in_a_pipe() {
         described["partitions"].as_array().unwrap().iter().map(|p| keel_tests::number(&p["high_watermark"])).sum();
     assert_eq!(total, 10_000, "{described}");
 }
+
+#[tokio::test]
+async fn cluster_settings_change_by_command_and_empty_groups_are_forgotten_past_their_retention() {
+    let (_dir, _broker, address) = one_broker().await;
+    let settings = json_lines(&address, &["cluster", "config"], "").remove(0);
+    let setting = |name: &str| {
+        let all = settings["settings"].as_array().expect("settings");
+        all.iter().find(|s| s["name"] == name).cloned().unwrap_or_else(|| panic!("no {name} in {settings}"))
+    };
+    assert_eq!(
+        (setting("groups_max")["value"].as_str(), setting("groups_max")["scope"].as_str()),
+        (Some("10000"), Some("cluster"))
+    );
+    assert_eq!(setting("group_retention_ms")["value"], "604800000", "7 days, as Kafka's offsets.retention.minutes");
+    assert_eq!(setting("batch_bytes_max")["scope"], "partition");
+
+    // Refused with a reason, and nothing changes.
+    for (args, says) in [
+        (["cluster", "config", "set", "batch_bytes_max", "5"], "fixed in each partition"),
+        (["cluster", "config", "set", "groups_max", "0"], "at least 1"),
+        (["cluster", "config", "set", "no_such_setting", "5"], "keel cluster config"),
+    ] {
+        let refused = cli(&address, &args, "");
+        assert!(!refused.status.success() && stderr(&refused).contains(says), "{args:?}: {}", stderr(&refused));
+    }
+    let said = cli_ok(&address, &["cluster", "config", "set", "groups_max", "1"], "");
+    assert_eq!(said.trim(), "groups_max = 1 (was 10000)");
+    assert!(cli_ok(&address, &["cluster", "config"], "")
+        .lines()
+        .any(|l| l.starts_with("groups_max") && l.contains(" 1 ")));
+
+    // One group (empty once its consumer leaves) fills the cluster.
+    cli_ok(&address, &["topic", "create", "events"], "");
+    cli_ok(&address, &["produce", "events"], "one\n");
+    cli_ok(&address, &["consume", "events", "--group", "first", "--max-records", "1"], "");
+    let refused = cli(&address, &["consume", "events", "--group", "second", "--max-records", "1"], "");
+    assert!(!refused.status.success() && stderr(&refused).contains("groups_max"), "{}", stderr(&refused));
+    let shrink = cli(&address, &["cluster", "config", "set", "groups_max", "0"], "");
+    assert!(!shrink.status.success());
+
+    // Once it has been empty for group_retention_ms the cluster forgets
+    // it, and a new group joins.
+    cli_ok(&address, &["cluster", "config", "set", "group_retention_ms", "500"], "");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while cli_ok(&address, &["group", "list"], "").contains("first") {
+        assert!(std::time::Instant::now() < deadline, "group first was never forgotten");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cli_ok(&address, &["consume", "events", "--group", "second", "--max-records", "1"], "");
+}

@@ -711,6 +711,11 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         admin.list_users().await.unwrap() == ["alice"]
     );
     needs!(rule("alice", "acls", "cluster", ""), alice.list_acls("").await, true);
+    needs!(
+        rule("alice", "configure", "cluster", ""),
+        alice.set_cluster_config("topics_max", 9_999).await,
+        admin.describe_cluster_config().await.unwrap().iter().any(|s| s.name == "topics_max" && s.value == 10_000)
+    );
     // Who may manage users still may not take over a super user.
     assert_eq!(code(&alice.set_user("admin", &credential("mine-now"), true).await), Code::PermissionDenied);
 
@@ -774,6 +779,7 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         ("AddAcl", code(&bob.add_acl(rule("bob", "produce", "topic", "other")).await)),
         ("RemoveAcl", code(&bob.remove_acl(rule("alice", "users", "cluster", "")).await)),
         ("ListAcls", code(&bob.list_acls("").await)),
+        ("SetClusterConfig", code(&bob.set_cluster_config("topics_max", 5).await)),
     ];
     for (rpc, answer) in refusals {
         assert_eq!(answer, Code::PermissionDenied, "{rpc} served a principal with no rules");

@@ -12,8 +12,10 @@ use super::state::RetentionPolicy;
 use crate::access::{AccessOutcome, AccessRejection, Acl, Credential};
 use crate::assignor::AssignorKind;
 use crate::id::{
-    BrokerId, Generation, GroupName, MemberId, NameError, PartitionIndex, ProducerId, TopicName, TopicPartition,
+    BrokerId, Generation, GroupName, MemberId, NameError, PartitionIndex, ProducerId, TimestampMs, TopicName,
+    TopicPartition,
 };
+use crate::limits::SettingError;
 use crate::placement::{PartitionPlacement, PlacementError};
 
 /// A change to the cluster's metadata. The leader stamps each with its own
@@ -71,6 +73,14 @@ pub enum MetadataCommand {
     AddAcl { acl: Acl },
     /// Take back a rule added before.
     RemoveAcl { acl: Acl },
+    /// Change a cluster setting (one of `Limits`): every replica applies it
+    /// at the same point of the log, so all agree on what it admits.
+    SetLimit { name: String, value: u64 },
+    /// Forget a group that has had no members since `empty_since` (as the
+    /// state records it) for at least `group_retention_ms`, as `DeleteGroup`
+    /// does. Proposed by the metadata leader; naming `empty_since` makes a
+    /// proposal about a group that was used again in between stale.
+    ForgetGroup { group: String, empty_since: TimestampMs },
 }
 
 /// What an applied metadata command did.
@@ -128,6 +138,15 @@ pub enum MetadataOutcome {
     GroupDeleted {
         group: GroupName,
     },
+    /// The setting `name` changed from `previous` to `value`.
+    LimitSet {
+        name: String,
+        previous: u64,
+        value: u64,
+    },
+    GroupForgotten {
+        group: GroupName,
+    },
     Access(AccessOutcome),
 }
 
@@ -138,7 +157,7 @@ pub enum MetadataRejection {
     InvalidName(#[from] NameError),
     #[error("broker address {address:?} is not usable: {reason}")]
     InvalidBrokerAddress { address: String, reason: String },
-    #[error("the cluster already has {max} brokers: raise brokers_max or remove one")]
+    #[error("the cluster already has {max} brokers: raise brokers_max (keel cluster config set) or remove one")]
     TooManyBrokers { max: u32 },
     #[error("broker {broker} is not registered: register it first, or check the id")]
     UnknownBroker { broker: BrokerId },
@@ -172,7 +191,7 @@ pub enum MetadataRejection {
     ReplicationFactorTooHigh { requested: u32, max: u32 },
     #[error(transparent)]
     Placement(#[from] PlacementError),
-    #[error("the cluster already has {max} topics: delete one or raise topics_max")]
+    #[error("the cluster already has {max} topics: delete one or raise topics_max (keel cluster config set)")]
     TooManyTopics { max: u32 },
     #[error("topic {topic} has {partitions} partitions, so partition {partition} does not exist")]
     UnknownPartition { topic: TopicName, partition: PartitionIndex, partitions: u32 },
@@ -188,9 +207,12 @@ pub enum MetadataRejection {
     TooManySubscriptions { count: u64, max: u32 },
     #[error("session timeout {requested} ms is outside {min}-{max} ms")]
     SessionTimeoutOutOfRange { requested: u64, min: u64, max: u64 },
-    #[error("the cluster already has {max} groups: raise groups_max")]
+    #[error(
+        "the cluster already has {max} groups: raise groups_max (keel cluster config set groups_max N), delete \
+         unused groups, or lower group_retention_ms so empty groups are forgotten sooner"
+    )]
     TooManyGroups { max: u32 },
-    #[error("group {group} already has {max} members: raise members_per_group_max")]
+    #[error("group {group} already has {max} members: raise members_per_group_max (keel cluster config set)")]
     TooManyMembers { group: String, max: u32 },
     #[error("group {group} uses the {current:?} assignor, not {requested:?}: join with the group's assignor")]
     AssignorMismatch { group: String, current: AssignorKind, requested: AssignorKind },
@@ -205,11 +227,20 @@ pub enum MetadataRejection {
     GroupHasMembers { group: GroupName, members: u32 },
     #[error(transparent)]
     Access(#[from] AccessRejection),
+    #[error(transparent)]
+    Setting(#[from] SettingError),
+    #[error(
+        "{name} cannot be {value}: the cluster already has {current} (e.g. {example}); remove some first, or choose \
+         at least {current}"
+    )]
+    SettingBelowCurrent { name: String, value: u64, current: u64, example: String },
+    #[error("group {group} is not forgotten: {reason}")]
+    GroupNotExpired { group: String, reason: String },
 }
 
 impl MetadataRejection {
     /// Every kind of rejection, by name (the simulation counts which occur).
-    pub const KINDS: [&'static str; 28] = [
+    pub const KINDS: [&'static str; 31] = [
         "InvalidName",
         "InvalidBrokerAddress",
         "TooManyBrokers",
@@ -238,6 +269,9 @@ impl MetadataRejection {
         "PartitionCountDecrease",
         "GroupHasMembers",
         "Access",
+        "Setting",
+        "SettingBelowCurrent",
+        "GroupNotExpired",
     ];
 
     /// This rejection's kind: its variant's name.
@@ -271,6 +305,9 @@ impl MetadataRejection {
             Self::PartitionCountDecrease { .. } => "PartitionCountDecrease",
             Self::GroupHasMembers { .. } => "GroupHasMembers",
             Self::Access(_) => "Access",
+            Self::Setting(_) => "Setting",
+            Self::SettingBelowCurrent { .. } => "SettingBelowCurrent",
+            Self::GroupNotExpired { .. } => "GroupNotExpired",
         }
     }
 }

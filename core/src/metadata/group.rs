@@ -37,6 +37,9 @@ pub struct GroupInfo {
     pub assignment: Arc<Assignment>,
     /// The epoch the next joining member gets.
     pub next_member_epoch: u64,
+    /// When its last member left (the leader's stamp), while it has none:
+    /// an empty group is forgotten `group_retention_ms` after.
+    pub empty_since: Option<TimestampMs>,
 }
 
 impl GroupInfo {
@@ -52,6 +55,7 @@ impl GroupInfo {
             members: BTreeMap::new(),
             assignment: Arc::default(),
             next_member_epoch: floor.member_epoch.max(1),
+            empty_since: None,
         }
     }
 

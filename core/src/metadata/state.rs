@@ -246,8 +246,8 @@ impl MetadataState {
             MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor } => {
                 self.join_group(at, group, member, topics, *session_timeout_ms, *assignor)
             }
-            MetadataCommand::LeaveGroup { group, member } => self.leave_group(group, member),
-            MetadataCommand::ExpireMembers { group, members } => self.expire_members(group, members),
+            MetadataCommand::LeaveGroup { group, member } => self.leave_group(at, group, member),
+            MetadataCommand::ExpireMembers { group, members } => self.expire_members(at, group, members),
             MetadataCommand::AllocateProducerId => self.allocate_producer_id(),
             MetadataCommand::AlterTopic { topic, partitions, retention } => {
                 self.alter_topic(topic, *partitions, *retention)
@@ -259,6 +259,8 @@ impl MetadataState {
             MetadataCommand::DeleteUser { user } => Ok(MetadataOutcome::Access(self.access.delete_user(user)?)),
             MetadataCommand::AddAcl { acl } => Ok(MetadataOutcome::Access(self.access.add_acl(acl)?)),
             MetadataCommand::RemoveAcl { acl } => Ok(MetadataOutcome::Access(self.access.remove_acl(acl)?)),
+            MetadataCommand::SetLimit { name, value } => self.set_limit(name, *value),
+            MetadataCommand::ForgetGroup { group, empty_since } => self.forget_group(at, group, *empty_since),
         }
     }
 
@@ -431,11 +433,70 @@ impl MetadataState {
         if !info.members.is_empty() {
             return Err(MetadataRejection::GroupHasMembers { group: name, members: info.members.len() as u32 });
         }
+        self.remove_group(&name);
+        Ok(MetadataOutcome::GroupDeleted { group: name })
+    }
+
+    /// Remove a group, raising the floor a later group of its name starts
+    /// from above everything it handed out.
+    fn remove_group(&mut self, name: &GroupName) {
+        let Some(info) = self.groups.remove(name) else { return };
         let floor = &mut self.deleted_groups_floor;
         floor.generation = floor.generation.max(info.generation.next());
         floor.member_epoch = floor.member_epoch.max(info.next_member_epoch);
-        self.groups.remove(&name);
-        Ok(MetadataOutcome::GroupDeleted { group: name })
+    }
+
+    fn forget_group(&mut self, at: TimestampMs, group: &str, empty_since: TimestampMs) -> MetadataResult {
+        let name = GroupName::new(group)?;
+        let not_expired = |reason: String| MetadataRejection::GroupNotExpired { group: group.to_string(), reason };
+        let Some(info) = self.groups.get(&name) else {
+            return Err(MetadataRejection::UnknownGroup { group: group.to_string() });
+        };
+        if info.empty_since != Some(empty_since) {
+            return Err(not_expired(format!(
+                "it has had members since {empty_since} (empty since: {:?})",
+                info.empty_since.map(|t| t.0)
+            )));
+        }
+        let retention = self.limits.group_retention_ms;
+        if at.0 < empty_since.0.saturating_add(retention) {
+            return Err(not_expired(format!(
+                "it has been empty for {} ms of the {retention} ms group_retention_ms keeps it",
+                at.0.saturating_sub(empty_since.0)
+            )));
+        }
+        self.remove_group(&name);
+        Ok(MetadataOutcome::GroupForgotten { group: name })
+    }
+
+    /// Change a cluster setting, unless the state already holds more than
+    /// the new value admits (the invariants bound every count by its limit).
+    fn set_limit(&mut self, name: &str, value: u64) -> MetadataResult {
+        // The value itself first (unknown, fixed or out of range), then
+        // against what the state holds.
+        let mut limits = self.limits.clone();
+        let previous = limits.set(name, value)?;
+        let largest = |items: Vec<(u64, String)>| items.into_iter().max_by_key(|(count, _)| *count);
+        let held: Option<(u64, String)> = match name {
+            "topics_max" => Some((self.topics.len() as u64, format!("{} topics", self.topics.len()))),
+            "brokers_max" => Some((self.brokers.len() as u64, format!("{} brokers", self.brokers.len()))),
+            "groups_max" => Some((self.groups.len() as u64, format!("{} groups", self.groups.len()))),
+            "partitions_per_topic_max" => {
+                largest(self.topics.iter().map(|(n, t)| (t.partitions.len() as u64, format!("topic {n}"))).collect())
+            }
+            "replication_factor_max" => largest(
+                self.topics.iter().map(|(n, t)| (u64::from(t.replication_factor), format!("topic {n}"))).collect(),
+            ),
+            "members_per_group_max" => {
+                largest(self.groups.iter().map(|(n, g)| (g.members.len() as u64, format!("group {n}"))).collect())
+            }
+            _ => None,
+        };
+        if let Some((current, example)) = held.filter(|(current, _)| value < *current) {
+            return Err(MetadataRejection::SettingBelowCurrent { name: name.to_string(), value, current, example });
+        }
+        self.limits = limits;
+        Ok(MetadataOutcome::LimitSet { name: name.to_string(), previous, value })
     }
 
     fn move_replicas(&mut self, topic: &str, partition: PartitionIndex, replicas: &[BrokerId]) -> MetadataResult {
@@ -594,6 +655,7 @@ impl MetadataState {
         let topics = &self.topics;
         let info = self.groups.get_mut(&group_name).expect("inserted above");
         info.assignor = assignor;
+        info.empty_since = None;
         // Every join is a new membership with its own epoch, so that an
         // older process (or an earlier join) of the same member id is
         // fenced; only a changed subscription moves partitions.
@@ -614,7 +676,7 @@ impl MetadataState {
         })
     }
 
-    fn leave_group(&mut self, group: &str, member: &str) -> MetadataResult {
+    fn leave_group(&mut self, at: TimestampMs, group: &str, member: &str) -> MetadataResult {
         let (group_name, member_id) = (GroupName::new(group)?, validate_member(member)?);
         if !self.groups.get(&group_name).is_some_and(|info| info.members.contains_key(&member_id)) {
             return Err(match self.groups.contains_key(&group_name) {
@@ -625,11 +687,14 @@ impl MetadataState {
         let topics = &self.topics;
         let info = self.groups.get_mut(&group_name).expect("checked above");
         info.members.remove(&member_id);
+        if info.members.is_empty() {
+            info.empty_since = Some(at);
+        }
         info.rebalance(|topic| partition_count(topics, topic));
         Ok(MetadataOutcome::Left { generation: info.generation })
     }
 
-    fn expire_members(&mut self, group: &str, members: &[(String, u64)]) -> MetadataResult {
+    fn expire_members(&mut self, at: TimestampMs, group: &str, members: &[(String, u64)]) -> MetadataResult {
         let group_name = GroupName::new(group)?;
         let Some(current) = self.groups.get(&group_name) else {
             return Err(MetadataRejection::UnknownGroup { group: group.to_string() });
@@ -653,6 +718,9 @@ impl MetadataState {
             }
         }
         if !expired.is_empty() {
+            if info.members.is_empty() {
+                info.empty_since = Some(at);
+            }
             info.rebalance(|topic| partition_count(topics, topic));
         }
         Ok(MetadataOutcome::MembersExpired { generation: info.generation, expired })

@@ -107,6 +107,9 @@ pub(super) fn metadata_rejection(rejection: MetadataRejection) -> Status {
         }
         PartitionCountDecrease { .. } => Code::InvalidArgument,
         GroupHasMembers { .. } => Code::FailedPrecondition,
+        Setting(keel_core::limits::SettingError::Unknown { .. }) => Code::NotFound,
+        Setting(_) => Code::InvalidArgument,
+        SettingBelowCurrent { .. } | GroupNotExpired { .. } => Code::FailedPrecondition,
         Access(access) => {
             use keel_core::access::AccessRejection as A;
             match access {

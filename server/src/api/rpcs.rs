@@ -147,6 +147,27 @@ impl Keel for KeelService {
         .await
     }
 
+    async fn describe_cluster_config(
+        &self,
+        request: Request<pb::DescribeClusterConfigRequest>,
+    ) -> Result<Response<pb::DescribeClusterConfigResponse>, Status> {
+        // Settings are no secret: every caller with valid credentials (or
+        // none, on an open cluster) may list them, as it may the brokers.
+        self.timed("DescribeClusterConfig", async {
+            self.confirmed(|| self.caller(&request)).await?;
+            Ok(Response::new(self.describe_cluster_config_call()))
+        })
+        .await
+    }
+
+    async fn set_cluster_config(
+        &self,
+        request: Request<pb::SetClusterConfigRequest>,
+    ) -> Result<Response<pb::SetClusterConfigResponse>, Status> {
+        let needs = |_: &pb::SetClusterConfigRequest| cluster(Operation::Configure);
+        self.guarded("SetClusterConfig", request, needs, |_, r| self.set_cluster_config_call(r)).await
+    }
+
     async fn remove_broker(
         &self,
         request: Request<pb::RemoveBrokerRequest>,

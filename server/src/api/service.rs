@@ -508,6 +508,30 @@ impl KeelService {
         }))
     }
 
+    pub(super) fn describe_cluster_config_call(&self) -> pb::DescribeClusterConfigResponse {
+        let metadata = self.node.metadata();
+        let settings = metadata
+            .limits()
+            .settings()
+            .into_iter()
+            .map(|s| pb::ClusterSetting { name: s.name.to_string(), value: s.value, scope: s.scope.as_str().into() })
+            .collect();
+        pb::DescribeClusterConfigResponse { settings }
+    }
+
+    pub(super) async fn set_cluster_config_call(
+        &self,
+        request: Request<pb::SetClusterConfigRequest>,
+    ) -> Result<Response<pb::SetClusterConfigResponse>, Status> {
+        let pb::SetClusterConfigRequest { name, value } = request.into_inner();
+        match self.propose_metadata(MetadataCommand::SetLimit { name, value }).await? {
+            MetadataOutcome::LimitSet { previous, value, .. } => {
+                Ok(Response::new(pb::SetClusterConfigResponse { previous, value }))
+            }
+            other => Err(Status::internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
     pub(super) async fn remove_broker_call(
         &self,
         request: Request<pb::RemoveBrokerRequest>,

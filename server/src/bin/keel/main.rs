@@ -710,6 +710,28 @@ enum ClusterCommand {
     /// broker of a new cluster (--cluster-secret or KEEL_CLUSTER_SECRET).
     #[command(after_help = "Example: export KEEL_CLUSTER_SECRET=$(keel cluster new-secret)")]
     NewSecret,
+    /// List the cluster's settings (its limits), or change one with `set`.
+    /// Settings of scope "cluster" apply to every later command on every
+    /// broker; those of scope "partition" are fixed in each partition when
+    /// its topic is created.
+    #[command(after_help = "Examples:\n  keel cluster config\n  keel cluster config set groups_max 50000")]
+    Config {
+        #[command(subcommand)]
+        action: Option<ConfigAction>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigAction {
+    /// Change a setting of scope "cluster". Refused if the cluster already
+    /// holds more than the new value admits (e.g. more groups than
+    /// groups_max).
+    Set {
+        /// The setting, as `keel cluster config` lists it.
+        name: String,
+        /// Its new value (counts, or milliseconds for *_ms).
+        value: u64,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -798,6 +820,28 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
         Command::Cluster(ClusterCommand::Health) => health(connection).await,
         Command::Cluster(ClusterCommand::NewSecret) => {
             println!("{}", new_secret());
+            Ok(())
+        }
+        Command::Cluster(ClusterCommand::Config { action: None }) => {
+            let settings = connection.client()?.describe_cluster_config().await?;
+            if connection.json {
+                print_json(&pb::DescribeClusterConfigResponse { settings });
+            } else {
+                let mut rows = table(&["SETTING", "VALUE", "SCOPE"], &["VALUE"]);
+                for setting in settings {
+                    rows.add_row([setting.name, setting.value.to_string(), setting.scope]);
+                }
+                print_table(&rows);
+            }
+            Ok(())
+        }
+        Command::Cluster(ClusterCommand::Config { action: Some(ConfigAction::Set { name, value }) }) => {
+            let previous = connection.client()?.set_cluster_config(&name, value).await?;
+            if connection.json {
+                print_json(&pb::SetClusterConfigResponse { previous, value });
+            } else {
+                println!("{name} = {value} (was {previous})");
+            }
             Ok(())
         }
         Command::Cluster(ClusterCommand::Status) => {
