@@ -288,6 +288,9 @@ impl Model {
                 self.groups.entry(group.clone()).or_default().position = Some(position.0);
                 Ok(PartitionOutcome::PositionReset { position: *position })
             }
+            // Not generated: forgetting idle groups is tested by example
+            // in tests/rejections.rs.
+            PartitionCommand::ForgetIdleGroup { .. } => unreachable!("not generated"),
             PartitionCommand::ForgetGroup { group } => {
                 GroupName::new(group.as_str())?;
                 let had_position = self.groups.remove(group).is_some_and(|g| g.position.is_some());

@@ -281,6 +281,46 @@ fn an_empty_group_is_forgotten_after_its_retention_and_not_before() {
 }
 
 #[test]
+fn a_partition_forgets_a_group_only_once_it_has_been_idle_for_the_time_given() {
+    let (mut state, mut log) = partition();
+    let apply = |state: &mut PartitionState, log: &mut MemoryLog, at: u64, command: PartitionCommand| {
+        state.apply(log, TimestampMs(at), &command).unwrap()
+    };
+    let forget = |idle_ms: u64| PartitionCommand::ForgetIdleGroup { group: "g".into(), idle_ms };
+    apply(&mut state, &mut log, 100, append(None, &[b"a"])).unwrap();
+    let claim =
+        PartitionCommand::Claim { group: "g".into(), member: "m".into(), generation: Generation(2), member_epoch: 2 };
+    apply(&mut state, &mut log, 1_000, claim).unwrap();
+    let group = keel_core::GroupName::new("g").unwrap();
+    assert_eq!(state.groups()[&group].touched_at, TimestampMs(1_000), "a claim touches the group");
+    apply(&mut state, &mut log, 2_000, commit("m", 2, 0)).unwrap();
+    assert_eq!(state.groups()[&group].touched_at, TimestampMs(2_000), "a commit touches the group");
+    // Used 999 ms ago: kept, and nothing changes.
+    let before = state.groups().clone();
+    let kept = apply(&mut state, &mut log, 2_999, forget(1_000));
+    assert!(matches!(kept, Err(PartitionRejection::GroupActive { idle_ms_ago: 999, .. })), "{kept:?}");
+    assert_eq!(state.groups(), &before);
+    // A reset touches it too.
+    apply(&mut state, &mut log, 2_500, PartitionCommand::ResetPosition { group: "g".into(), position: Offset(0) })
+        .unwrap();
+    assert_eq!(state.groups()[&group].touched_at, TimestampMs(2_500));
+    assert!(apply(&mut state, &mut log, 3_000, forget(1_000)).is_err());
+    // Idle long enough: forgotten, position and claim.
+    let forgotten = apply(&mut state, &mut log, 3_500, forget(1_000));
+    assert_eq!(forgotten, Ok(keel_core::partition::PartitionOutcome::GroupForgotten { had_position: true }));
+    assert!(state.groups().is_empty());
+    assert_eq!(state.group_position(&group), state.log_start());
+    // Forgetting what is not here changes nothing and is no error.
+    let again = apply(&mut state, &mut log, 9_000, forget(1_000));
+    assert_eq!(again, Ok(keel_core::partition::PartitionOutcome::GroupForgotten { had_position: false }));
+    assert_eq!(
+        partition_rejected(PartitionCommand::ForgetIdleGroup { group: "".into(), idle_ms: 1 }).kind(),
+        "InvalidName"
+    );
+    state.check_invariants(&log).unwrap();
+}
+
+#[test]
 fn a_topic_deleted_and_created_again_keeps_group_generations_rising() {
     let mut state = cluster();
     let group = keel_core::GroupName::new("g").unwrap();

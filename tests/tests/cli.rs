@@ -794,6 +794,8 @@ async fn cluster_settings_change_by_command_and_empty_groups_are_forgotten_past_
     cli_ok(&address, &["topic", "create", "events"], "");
     cli_ok(&address, &["produce", "events"], "one\n");
     cli_ok(&address, &["consume", "events", "--group", "first", "--max-records", "1"], "");
+    let client = keel_client::Client::new(vec![address.clone()], keel_client::RetryPolicy::default()).unwrap();
+    assert!(client.group_position("first", "events", 0).await.unwrap().committed);
     let refused = cli(&address, &["consume", "events", "--group", "second", "--max-records", "1"], "");
     assert!(!refused.status.success() && stderr(&refused).contains("groups_max"), "{}", stderr(&refused));
     let shrink = cli(&address, &["cluster", "config", "set", "groups_max", "0"], "");
@@ -807,5 +809,15 @@ async fn cluster_settings_change_by_command_and_empty_groups_are_forgotten_past_
         assert!(std::time::Instant::now() < deadline, "group first was never forgotten");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    cli_ok(&address, &["consume", "events", "--group", "second", "--max-records", "1"], "");
+    // Its position on the partition goes too, once the partition's leader
+    // scans (every 10 s) and finds it idle past the retention; a new group
+    // joins.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while client.group_position("first", "events", 0).await.unwrap().committed {
+        assert!(std::time::Instant::now() < deadline, "group first's position was never forgotten");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let read = cli_ok(&address, &["consume", "events", "--group", "second", "--max-records", "1"], "");
+    assert!(read.contains("one"), "{read}");
+    assert!(client.group_position("second", "events", 0).await.unwrap().committed);
 }

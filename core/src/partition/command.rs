@@ -50,6 +50,12 @@ pub enum PartitionCommand {
     /// Drop a group's position and claim here (the group is being deleted;
     /// the server checks that it has no members, as for `ResetPosition`).
     ForgetGroup { group: String },
+    /// Drop the position and claim of a group no longer in the metadata
+    /// (forgotten there, or deleted without its positions), if nothing has
+    /// claimed, committed or reset it here for `idle_ms`: proposed by the
+    /// partition leader with the cluster's `group_retention_ms`, so a group
+    /// of that name re-created and used in between is kept.
+    ForgetIdleGroup { group: String, idle_ms: u64 },
 }
 
 /// What an applied partition command did.
@@ -134,11 +140,13 @@ pub enum PartitionRejection {
     PositionOutOfRange { position: Offset, log_start: Offset, high_watermark: Offset },
     #[error("this partition already tracks {max} groups: raise groups_per_partition_max")]
     TooManyGroups { max: u32 },
+    #[error("group {group} was used here {idle_ms_ago} ms ago, within {idle_ms} ms: it is kept")]
+    GroupActive { group: GroupName, idle_ms_ago: u64, idle_ms: u64 },
 }
 
 impl PartitionRejection {
     /// Every kind of rejection, by name (the simulation counts which occur).
-    pub const KINDS: [&'static str; 17] = [
+    pub const KINDS: [&'static str; 18] = [
         "InvalidName",
         "EmptyBatch",
         "TooManyRecords",
@@ -156,6 +164,7 @@ impl PartitionRejection {
         "CommitBackwards",
         "PositionOutOfRange",
         "TooManyGroups",
+        "GroupActive",
     ];
 
     /// This rejection's kind: its variant's name.
@@ -178,6 +187,7 @@ impl PartitionRejection {
             Self::CommitBackwards { .. } => "CommitBackwards",
             Self::PositionOutOfRange { .. } => "PositionOutOfRange",
             Self::TooManyGroups { .. } => "TooManyGroups",
+            Self::GroupActive { .. } => "GroupActive",
         }
     }
 }

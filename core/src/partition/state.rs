@@ -34,6 +34,10 @@ pub struct GroupPosition {
     /// The next offset the group reads; `None` until the first commit or
     /// reset (the group then starts at the log start).
     pub position: Option<Offset>,
+    /// When a claim, commit or reset last changed this (the leader's
+    /// stamp): a group gone from the metadata is forgotten here once this
+    /// is older than the cluster's `group_retention_ms`.
+    pub touched_at: TimestampMs,
 }
 
 /// Everything a partition replica knows besides its records.
@@ -121,14 +125,15 @@ impl PartitionState {
             // Each batch is counted as a command of its own.
             PartitionCommand::AppendBatches { batches } => return self.append_batches(log, at, batches),
             PartitionCommand::Claim { group, member, generation, member_epoch } => {
-                self.claim(group, member, *generation, *member_epoch)
+                self.claim(at, group, member, *generation, *member_epoch)
             }
             PartitionCommand::Commit { group, member, generation, member_epoch, offset } => {
-                self.commit(group, member, *generation, *member_epoch, *offset)
+                self.commit(at, group, member, *generation, *member_epoch, *offset)
             }
-            PartitionCommand::ResetPosition { group, position } => self.reset_position(group, *position),
+            PartitionCommand::ResetPosition { group, position } => self.reset_position(at, group, *position),
             PartitionCommand::ApplyRetention { policy } => Ok(self.apply_retention(log, at, *policy)?),
             PartitionCommand::ForgetGroup { group } => self.forget_group(group),
+            PartitionCommand::ForgetIdleGroup { group, idle_ms } => self.forget_idle_group(at, group, *idle_ms),
         };
         self.count(&result);
         Ok(result)
@@ -285,7 +290,14 @@ impl PartitionState {
         }
     }
 
-    fn claim(&mut self, group: &str, member: &str, generation: Generation, member_epoch: u64) -> PartitionResult {
+    fn claim(
+        &mut self,
+        at: TimestampMs,
+        group: &str,
+        member: &str,
+        generation: Generation,
+        member_epoch: u64,
+    ) -> PartitionResult {
         let group = GroupName::new(group)?;
         let member = MemberId::new(member)?;
         self.ensure_room_for(&group)?;
@@ -305,6 +317,7 @@ impl PartitionState {
             }
         }
         entry.claim = Some(Claim { generation, member, member_epoch });
+        entry.touched_at = entry.touched_at.max(at);
         Ok(PartitionOutcome::Claimed { generation, position: self.group_position(&group) })
     }
 
@@ -318,6 +331,7 @@ impl PartitionState {
 
     fn commit(
         &mut self,
+        at: TimestampMs,
         group: &str,
         member: &str,
         generation: Generation,
@@ -373,6 +387,7 @@ impl PartitionState {
             }
         }
         entry.position = Some(position);
+        entry.touched_at = entry.touched_at.max(at);
         Ok(PartitionOutcome::Committed { position })
     }
 
@@ -386,7 +401,20 @@ impl PartitionState {
         Ok(PartitionOutcome::GroupForgotten { had_position })
     }
 
-    fn reset_position(&mut self, group: &str, position: Offset) -> PartitionResult {
+    fn forget_idle_group(&mut self, at: TimestampMs, group: &str, idle_ms: u64) -> PartitionResult {
+        let group = GroupName::new(group)?;
+        let Some(entry) = self.groups.get(&group) else {
+            return Ok(PartitionOutcome::GroupForgotten { had_position: false });
+        };
+        let idle_ms_ago = at.0.saturating_sub(entry.touched_at.0);
+        if idle_ms_ago < idle_ms {
+            return Err(PartitionRejection::GroupActive { group, idle_ms_ago, idle_ms });
+        }
+        let had_position = self.groups.remove(&group).is_some_and(|g| g.position.is_some());
+        Ok(PartitionOutcome::GroupForgotten { had_position })
+    }
+
+    fn reset_position(&mut self, at: TimestampMs, group: &str, position: Offset) -> PartitionResult {
         let group = GroupName::new(group)?;
         if position < self.log_start || position > self.high_watermark {
             return Err(PartitionRejection::PositionOutOfRange {
@@ -396,7 +424,9 @@ impl PartitionState {
             });
         }
         self.ensure_room_for(&group)?;
-        self.groups.entry(group).or_default().position = Some(position);
+        let entry = self.groups.entry(group).or_default();
+        entry.position = Some(position);
+        entry.touched_at = entry.touched_at.max(at);
         Ok(PartitionOutcome::PositionReset { position })
     }
 

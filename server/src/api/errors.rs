@@ -134,7 +134,7 @@ pub(super) fn partition_rejection(rejection: PartitionRejection) -> Status {
         | OffsetOverflow => Code::ResourceExhausted,
         SequenceGap { .. } | SequenceTooOld { .. } | UnknownProducer { .. } => Code::FailedPrecondition,
         Fenced { .. } | NotClaimed { .. } => Code::Aborted,
-        EpochFenced { .. } => Code::FailedPrecondition,
+        EpochFenced { .. } | GroupActive { .. } => Code::FailedPrecondition,
         CommitBeyondHighWatermark { .. } | CommitBackwards { .. } => Code::OutOfRange,
     };
     let lost = matches!(rejection, SequenceTooOld { .. } | UnknownProducer { .. });
