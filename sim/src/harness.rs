@@ -1966,6 +1966,27 @@ async fn alter_topic(world: &World, client: &Client, topic: &TopicSpec, rng: &mu
             accepted,
         },
     );
+    change_settings(world, client, rng).await;
+}
+
+/// The operator changes a cluster setting (a metadata command under the
+/// faults), then asks for settings that must be refused: a value below
+/// what the cluster holds (`topic` has at least 2 partitions), an invalid
+/// one, and one fixed in each partition.
+async fn change_settings(world: &World, client: &Client, rng: &mut impl Rng) {
+    let topics_max = rng.gen_range(1_000..10_000u64);
+    let changed = match client.set_cluster_config("topics_max", topics_max).await {
+        Ok(previous) => format!("ok: was {previous}"),
+        Err(error) => format!("failed: {error}"),
+    };
+    world.record(
+        "operator",
+        EventKind::Operator { op: "set-config".into(), detail: format!("topics_max {topics_max}"), outcome: changed },
+    );
+    for (name, value) in [("partitions_per_topic_max", 1), ("groups_max", 0), ("batch_bytes_max", 1)] {
+        let accepted = client.set_cluster_config(name, value).await.ok().map(|previous| format!("was {previous}"));
+        world.record("operator", EventKind::Hostile { attack: format!("cluster setting {name} = {value}"), accepted });
+    }
 }
 
 /// A second group reads `topic` a little, acknowledges what it read and
