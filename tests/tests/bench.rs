@@ -45,3 +45,25 @@ fn bench_produces_and_consumes_and_reports() {
     assert_eq!(consumed["records"].as_u64().unwrap(), held, "{consumed}");
     assert_eq!(consumed["errors"], 0, "{consumed}");
 }
+
+#[test]
+fn bench_groups_joins_and_leaves_groups_and_reports_each_window() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let address = format!("127.0.0.1:{}", free_port());
+    let _broker = Broker::start(dir.path(), &address, &[]);
+    let out =
+        cli_ok(&address, &["bench", "groups", "--count", "120", "--window", "60", "--concurrency", "1", "--json"], "");
+    let windows: Vec<serde_json::Value> = out.lines().map(report).collect();
+    assert_eq!(windows.len(), 2, "{out}");
+    for (index, window) in windows.iter().enumerate() {
+        assert_eq!(window["first_group"], 60 * index as u64, "{window}");
+        assert_eq!(window["groups"], 60, "{window}");
+        assert_eq!(window["errors"], 0, "{window}");
+        assert!(window["join_ms"]["p50"].as_f64().unwrap() > 0.0, "{window}");
+    }
+    // Each group joined and left: none has a member.
+    let listed = report(&cli_ok(&address, &["group", "list", "--json"], ""));
+    let groups = listed["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 120, "{listed}");
+    assert!(groups.iter().all(|g| g["members"] == 0), "{listed}");
+}

@@ -43,7 +43,38 @@ pub enum BenchCommand {
     ///
     /// Example: keel bench consume --group drain --members 3 --count 1000000
     Consume(ConsumeBench),
+    /// Join and leave consumer groups, each under a new name, as services
+    /// whose groups come and go do; print groups/s and join latency per
+    /// window of groups, to show that joins stay as fast as groups pile up
+    /// (empty groups are forgotten after the cluster's group_retention_ms:
+    /// lower it first for a long run).
+    ///
+    /// Example: keel cluster config set group_retention_ms 1000 &&
+    /// keel bench groups --count 100000 --concurrency 8
+    Groups(GroupsBench),
 }
+
+#[derive(Args)]
+pub struct GroupsBench {
+    /// The topic every group subscribes to; created with one partition if
+    /// it does not exist.
+    #[arg(default_value = "keel-bench")]
+    topic: String,
+    /// Groups to join and leave, one member each.
+    #[arg(long, default_value_t = 10_000)]
+    count: u64,
+    /// Groups joined at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: u32,
+    /// Groups per reported window.
+    #[arg(long, default_value_t = 10_000)]
+    window: u64,
+}
+
+/// Most groups joined at once by `keel bench groups`.
+const GROUPS_CONCURRENCY_MAX: u32 = 1_024;
+/// Most windows `keel bench groups` reports (each keeps a histogram).
+const GROUP_WINDOWS_MAX: u64 = 10_000;
 
 #[derive(Args)]
 pub struct ProduceBench {
@@ -203,7 +234,141 @@ pub async fn run(command: BenchCommand, connection: &Connection) -> anyhow::Resu
     match command {
         BenchCommand::Produce(args) => produce(args, connection).await,
         BenchCommand::Consume(args) => consume(args, connection).await,
+        BenchCommand::Groups(args) => groups(args, connection).await,
     }
+}
+
+/// One window of `keel bench groups`.
+#[derive(Debug, Serialize)]
+struct GroupWindow {
+    first_group: u64,
+    groups: u64,
+    groups_per_sec: f64,
+    join_ms: Latency,
+    errors: u64,
+}
+
+async fn groups(args: GroupsBench, connection: &Connection) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=GROUPS_CONCURRENCY_MAX).contains(&args.concurrency),
+        "--concurrency must be 1 to {GROUPS_CONCURRENCY_MAX}"
+    );
+    anyhow::ensure!(args.window >= 1, "--window must be at least 1");
+    let windows = args.count.div_ceil(args.window);
+    anyhow::ensure!(windows <= GROUP_WINDOWS_MAX, "--count / --window must be at most {GROUP_WINDOWS_MAX} windows");
+    let client = connection.client()?;
+    ensure_topic(&client, &args.topic, 1, 1).await?;
+    // Names unique to this run, so a rerun never meets an earlier one's.
+    let run = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let next = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    type Window = (Histogram<u64>, u64, Option<Instant>, Option<Instant>);
+    let new_window = || -> Window {
+        (Histogram::new_with_bounds(1, LATENCY_MAX_MICROS, 3).expect("histogram bounds"), 0, None, None)
+    };
+    let tallies: Arc<std::sync::Mutex<Vec<Window>>> =
+        Arc::new(std::sync::Mutex::new((0..windows).map(|_| new_window()).collect()));
+    let first_error = Arc::new(std::sync::Mutex::new(None::<String>));
+    let started = Instant::now();
+    let bar = progress("groups");
+    let shown = tokio::spawn(show_rate(bar, "groups", done.clone(), stop.clone()));
+    let mut tasks = Vec::new();
+    for _ in 0..args.concurrency {
+        let (client, next, done, tallies, first_error) =
+            (connection.client()?, next.clone(), done.clone(), tallies.clone(), first_error.clone());
+        let (topic, count, window) = (args.topic.clone(), args.count, args.window);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                if n >= count {
+                    return;
+                }
+                let group = format!("keel-bench-{run}-{n}");
+                let begun = Instant::now();
+                let joined = Consumer::join(client.clone(), &group, "member", vec![topic.clone()], 10_000).await;
+                let took = begun.elapsed();
+                let left = match joined {
+                    Ok(consumer) => consumer.leave().await.map_err(|e| format!("group {group} could not leave: {e}")),
+                    Err(error) => Err(format!("group {group} could not join: {error}")),
+                };
+                {
+                    let mut tallies = tallies.lock().expect("group windows");
+                    let tally = &mut tallies[(n / window) as usize];
+                    let now = Instant::now();
+                    tally.2 = Some(tally.2.map_or(begun, |first| first.min(begun)));
+                    tally.3 = Some(tally.3.map_or(now, |last| last.max(now)));
+                    match &left {
+                        Ok(()) => tally.0.saturating_record(took.as_micros() as u64),
+                        Err(_) => tally.1 += 1,
+                    }
+                }
+                if let Err(error) = left {
+                    first_error.lock().expect("first error").get_or_insert(error);
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.context("a groups task failed")?;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let _ = shown.await;
+    let ms = |micros: u64| micros as f64 / 1e3;
+    let tallies = std::mem::take(&mut *tallies.lock().expect("group windows"));
+    let report: Vec<GroupWindow> = tallies
+        .into_iter()
+        .enumerate()
+        .map(|(index, (histogram, errors, first, last))| {
+            let span = first.zip(last).map_or(0.0, |(first, last)| (last - first).as_secs_f64());
+            let groups = histogram.len() + errors;
+            GroupWindow {
+                first_group: index as u64 * args.window,
+                groups,
+                groups_per_sec: if span > 0.0 { groups as f64 / span } else { 0.0 },
+                join_ms: Latency {
+                    p50: ms(histogram.value_at_quantile(0.50)),
+                    p99: ms(histogram.value_at_quantile(0.99)),
+                    p99_9: ms(histogram.value_at_quantile(0.999)),
+                    max: ms(histogram.max()),
+                },
+                errors,
+            }
+        })
+        .collect();
+    if connection.json {
+        for window in &report {
+            println!("{}", serde_json::to_string(window).expect("a window encodes"));
+        }
+    } else {
+        let mut rows = crate::table(
+            &["GROUPS", "GROUPS/S", "JOIN P50 MS", "P99 MS", "P99.9 MS", "MAX MS", "ERRORS"],
+            &["GROUPS/S", "JOIN P50 MS", "P99 MS", "P99.9 MS", "MAX MS", "ERRORS"],
+        );
+        for window in &report {
+            rows.add_row([
+                format!("{}-{}", window.first_group, window.first_group + window.groups.max(1) - 1),
+                format!("{:.0}", window.groups_per_sec),
+                format!("{:.2}", window.join_ms.p50),
+                format!("{:.2}", window.join_ms.p99),
+                format!("{:.2}", window.join_ms.p99_9),
+                format!("{:.2}", window.join_ms.max),
+                window.errors.to_string(),
+            ]);
+        }
+        crate::print_table(&rows);
+        println!(
+            "{} groups joined and left in {seconds:.1} s ({:.0} groups/s)",
+            args.count,
+            args.count as f64 / seconds
+        );
+    }
+    if let Some(error) = first_error.lock().expect("first error").take() {
+        eprintln!("first error: {error}");
+    }
+    Ok(())
 }
 
 /// The shared tallies of a produce run.
