@@ -192,6 +192,28 @@ settings! {
     retention_records_per_apply_max: Partition,
 }
 
+/// The values a cluster-scoped setting may take. The ceilings keep one
+/// command's apply bounded on every replica (a topic's placements are
+/// allocated at once; a group's assignment spans its members); the floor
+/// of `group_retention_ms` keeps an empty group (a consumer restarting)
+/// from being forgotten between two duty rounds.
+fn setting_bounds(name: &str) -> (u64, u64) {
+    const DAY_MS: u64 = 24 * 60 * 60 * 1000;
+    match name {
+        "partitions_per_topic_max" => (1, 100_000),
+        "replication_factor_max" => (1, 15),
+        "topics_max" => (1, 1_000_000),
+        "brokers_max" => (1, 10_000),
+        "broker_address_bytes_max" => (1, 4_096),
+        "groups_max" => (1, 10_000_000),
+        "members_per_group_max" => (1, 100_000),
+        "subscriptions_per_member_max" => (1, 10_000),
+        "session_timeout_ms_min" | "session_timeout_ms_max" => (1, DAY_MS),
+        "group_retention_ms" => (1_000, 365 * DAY_MS),
+        _ => (1, u64::from(u32::MAX)),
+    }
+}
+
 impl Limits {
     /// A setting's value, if it exists.
     pub fn setting(&self, name: &str) -> Option<u64> {
@@ -211,8 +233,9 @@ impl Limits {
         if scope == SettingScope::Partition {
             return Err(SettingError::Fixed { name: name.to_string() });
         }
-        if value == 0 {
-            return Err(invalid("it must be at least 1"));
+        let (least, most) = setting_bounds(name);
+        if value < least || value > most {
+            return Err(invalid(&format!("it must be {least} to {most}")));
         }
         if name == "session_timeout_ms_min" && value > max {
             return Err(invalid(&format!("it is above session_timeout_ms_max ({max} ms)")));
@@ -240,9 +263,8 @@ mod tests {
         let settings = limits.settings();
         // Every field of Limits is listed (a field missing from `settings!`
         // would be neither shown nor settable).
-        let encoded = postcard::to_stdvec(&limits).unwrap();
         let fields = serde_json::to_value(&limits).unwrap().as_object().unwrap().len();
-        assert_eq!(settings.len(), fields, "{encoded:?}");
+        assert_eq!(settings.len(), fields, "a field of Limits is missing from settings!");
         assert_eq!(limits.set("groups_max", 20), Ok(10_000));
         assert_eq!(limits.groups_max, 20);
         assert_eq!(limits.set("group_retention_ms", 1_000), Ok(7 * 24 * 60 * 60 * 1000));
@@ -251,6 +273,8 @@ mod tests {
         assert!(matches!(limits.set("no_such", 5), Err(SettingError::Unknown { .. })));
         assert!(matches!(limits.set("groups_max", 0), Err(SettingError::Invalid { .. })));
         assert!(matches!(limits.set("topics_max", u64::from(u32::MAX) + 1), Err(SettingError::Invalid { .. })));
+        assert!(matches!(limits.set("partitions_per_topic_max", 100_001), Err(SettingError::Invalid { .. })));
+        assert!(matches!(limits.set("group_retention_ms", 999), Err(SettingError::Invalid { .. })));
         assert!(matches!(limits.set("session_timeout_ms_min", 400_000), Err(SettingError::Invalid { .. })));
         assert!(matches!(limits.set("session_timeout_ms_max", 10), Err(SettingError::Invalid { .. })));
         assert_eq!(limits.groups_max, 20, "a refused value changes nothing");

@@ -212,6 +212,7 @@ fn settings_change_by_command_unless_the_state_holds_more() {
         ("topics_max", 0),
         ("groups_max", 0),
         ("members_per_group_max", 0),
+        ("broker_address_bytes_max", 3),
     ] {
         let rejection = rejected(set(name, value));
         assert!(

@@ -290,10 +290,6 @@ struct NodeInner {
     /// Partition groups with a retention proposal awaiting its outcome (at
     /// most one each).
     retention_proposed: Mutex<BTreeSet<GroupId>>,
-    /// When the partitions led here were last scanned for positions of
-    /// groups the metadata forgot, and whether a scan's proposals are still
-    /// running (see `group_expiry`).
-    idle_groups_scanned: Mutex<(Option<keel_core::MonotonicMs>, bool)>,
     /// Produce requests waiting to share a Raft entry, per partition group.
     lanes: append::Lanes,
     /// Which partition groups are quiet (no heartbeats while idle).
@@ -396,7 +392,6 @@ impl Node {
             membership_changes: Mutex::new(BTreeSet::new()),
             retention_checked: Mutex::new(BTreeMap::new()),
             retention_proposed: Mutex::new(BTreeSet::new()),
-            idle_groups_scanned: Mutex::new((None, false)),
             lanes: append::Lanes::default(),
             quiet: quiesce::Quiescence::default(),
             metrics: crate::metrics::Metrics::new(),
@@ -951,7 +946,6 @@ impl Node {
     async fn leader_duties(&self) {
         self.converge_partition_memberships();
         self.enforce_retention();
-        self.forget_positions_of_forgotten_groups();
         let Some(metadata) = self.raft(&GroupId::Metadata) else { return };
         let leading = metadata.current_leader().await == Some(self.id());
         self.keep_registration(&metadata, leading).await;

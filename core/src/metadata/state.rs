@@ -487,6 +487,17 @@ impl MetadataState {
             "replication_factor_max" => largest(
                 self.topics.iter().map(|(n, t)| (u64::from(t.replication_factor), format!("topic {n}"))).collect(),
             ),
+            // A broker registers again on every start: its addresses must
+            // stay admissible.
+            "broker_address_bytes_max" => largest(
+                self.brokers
+                    .iter()
+                    .map(|(id, b)| {
+                        let longest = b.address.len().max(b.internal_address.len()) as u64;
+                        (longest, format!("broker {id}'s address"))
+                    })
+                    .collect(),
+            ),
             "members_per_group_max" => {
                 largest(self.groups.iter().map(|(n, g)| (g.members.len() as u64, format!("group {n}"))).collect())
             }

@@ -138,7 +138,10 @@ pub enum PartitionRejection {
     CommitBackwards { offset: Offset, position: Offset },
     #[error("position {position} is outside the log [{log_start}, {high_watermark}]")]
     PositionOutOfRange { position: Offset, log_start: Offset, high_watermark: Offset },
-    #[error("this partition already tracks {max} groups: raise groups_per_partition_max")]
+    #[error(
+        "this partition already tracks {max} groups (groups_per_partition_max, fixed when its topic was created): \
+         delete groups no longer used (keel group delete, which also removes their positions here)"
+    )]
     TooManyGroups { max: u32 },
     #[error("group {group} was used here {idle_ms_ago} ms ago, within {idle_ms} ms: it is kept")]
     GroupActive { group: GroupName, idle_ms_ago: u64, idle_ms: u64 },
