@@ -123,6 +123,8 @@ pub struct Metrics {
     raft_last_applied_index: Family<GroupLabels, Gauge>,
     raft_voters: Family<GroupLabels, Gauge>,
     raft_quiet_groups: Family<RoleLabels, Gauge>,
+    raft_groups_waiting: Gauge,
+    raft_groups_electing: Gauge,
     snapshots_built: Gauge,
     snapshots_installed: Gauge,
     high_watermark: Family<PartitionLabels, Gauge>,
@@ -244,6 +246,8 @@ impl Metrics {
             raft_last_applied_index: Family::default(),
             raft_voters: Family::default(),
             raft_quiet_groups: Family::default(),
+            raft_groups_waiting: Gauge::default(),
+            raft_groups_electing: Gauge::default(),
             snapshots_built: Gauge::default(),
             snapshots_installed: Gauge::default(),
             high_watermark: Family::default(),
@@ -342,6 +346,16 @@ impl Metrics {
             "raft_quiet_groups",
             "Partition groups here that are quiet (idle: no heartbeats, no election timer), as leader and as follower",
             metrics.raft_quiet_groups.clone(),
+        );
+        registry.register(
+            "raft_groups_waiting",
+            "Partition groups started here waiting for their turn to elect (no leader known yet)",
+            metrics.raft_groups_waiting.clone(),
+        );
+        registry.register(
+            "raft_groups_electing",
+            "Partition groups here holding a turn to elect and settle (at most 256 at once)",
+            metrics.raft_groups_electing.clone(),
         );
         registry.register("log_segments", "Segment files of this broker's log", metrics.log_segments.clone());
         registry.register(
@@ -452,6 +466,9 @@ impl Metrics {
         let quiet = node.quiet_counts();
         self.raft_quiet_groups.get_or_create(&RoleLabels { role: "leader" }).set(quiet.led as i64);
         self.raft_quiet_groups.get_or_create(&RoleLabels { role: "follower" }).set(quiet.followed as i64);
+        let (waiting, electing) = node.wave_counts();
+        self.raft_groups_waiting.set(waiting as i64);
+        self.raft_groups_electing.set(electing as i64);
         let (built, installed) = node.snapshot_counts();
         self.snapshots_built.set(built as i64);
         self.snapshots_installed.set(installed as i64);

@@ -43,9 +43,12 @@ mod group_expiry;
 mod membership;
 mod quiesce;
 mod retention;
+mod waves;
+
 pub use append::{ENTRIES_IN_FLIGHT_MAX, ENTRY_BATCHES_MAX, ENTRY_BYTES_MAX};
 pub use membership::MembershipError;
 pub use quiesce::{QuietCounts, LIVENESS_TIMEOUT, QUIET_AFTER_ROUNDS};
+pub use waves::WAVE_GROUPS;
 
 /// Largest reply of the public API.
 pub const API_REPLY_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -120,6 +123,9 @@ pub struct NodeConfig {
     pub raft: openraft::Config,
     /// How often the metadata leader does its duties.
     pub duty_interval: Duration,
+    /// How many partition groups this broker lets elect and settle at
+    /// once (see `waves`; default [`WAVE_GROUPS`]).
+    pub wave_groups: usize,
     /// How often each partition leader checks whether records are due to
     /// go under its topic's retention policy (Kafka's
     /// `log.retention.check.interval.ms`).
@@ -192,6 +198,7 @@ impl NodeConfig {
             limits: Limits::default(),
             raft,
             duty_interval: Duration::from_millis(200),
+            wave_groups: WAVE_GROUPS,
             retention_interval: Duration::from_secs(30),
             access: crate::api::AccessSettings::default(),
             #[cfg(not(madsim))]
@@ -249,10 +256,12 @@ struct Submitted {
 
 /// A partition group as the metadata places it.
 struct PlacedGroup {
-    /// Whether this replica initialises the group (with `members`) if its
-    /// log is empty: only while the placement was never moved.
+    /// Whether this replica may initialise the group (with `members`) if
+    /// its log is empty: only while the placement was never moved.
     initialize: bool,
     members: BTreeMap<NodeId, BasicNode>,
+    /// The placement's preferred leader.
+    preferred: Option<NodeId>,
 }
 
 #[derive(Clone)]
@@ -264,6 +273,9 @@ struct GroupHandle {
 struct NodeInner {
     config: NodeConfig,
     raft_config: Arc<openraft::Config>,
+    /// The same for partition groups, which start with their election
+    /// timers off until their turn (see `waves`).
+    partition_raft_config: Arc<openraft::Config>,
     store: Arc<NodeStore>,
     clock: Clock,
     peers: Peers,
@@ -294,6 +306,8 @@ struct NodeInner {
     lanes: append::Lanes,
     /// Which partition groups are quiet (no heartbeats while idle).
     quiet: quiesce::Quiescence,
+    /// Which partition groups may elect now (see `waves`).
+    waves: waves::Waves,
     metrics: crate::metrics::Metrics,
     /// Tells the servers to stop (one waiter each: the client API server and
     /// the internal one).
@@ -370,6 +384,8 @@ impl Node {
     /// the transport server, the reconciler and the leader duties.
     pub async fn start(config: NodeConfig, store: Arc<NodeStore>, clock: Clock) -> Result<Node, StartError> {
         let raft_config = Arc::new(config.raft.clone().validate()?);
+        let partition_raft_config =
+            Arc::new(openraft::Config { enable_elect: false, enable_tick: false, ..(*raft_config).clone() });
         let identity = ClusterIdentity { cluster_id: config.cluster_id, secret: config.cluster_secret.clone() };
         #[cfg(not(madsim))]
         let peers = Peers::new(identity.clone()).with_tls(config.tls.clone());
@@ -380,6 +396,7 @@ impl Node {
         let inner = Arc::new(NodeInner {
             config,
             raft_config,
+            partition_raft_config,
             store: store.clone(),
             clock,
             peers,
@@ -394,6 +411,7 @@ impl Node {
             retention_proposed: Mutex::new(BTreeSet::new()),
             lanes: append::Lanes::default(),
             quiet: quiesce::Quiescence::default(),
+            waves: waves::Waves::default(),
             metrics: crate::metrics::Metrics::new(),
             stop_servers: [Arc::new(Notify::new()), Arc::new(Notify::new())],
             servers: Mutex::new(Vec::new()),
@@ -480,6 +498,8 @@ impl Node {
         node.spawn(async move { watchdog.watch_for_fatal_errors().await });
         let quiescer = node.clone();
         node.spawn(async move { quiescer.quiesce_forever().await });
+        let waves = node.clone();
+        node.spawn(async move { waves.waves_forever().await });
         Ok(node)
     }
 
@@ -608,7 +628,11 @@ impl Node {
     async fn start_group(&self, group: GroupId, state_machine: GroupStateMachine) -> Result<Raft, StartError> {
         let log = LogStore::new(self.inner.store.clone(), group.key());
         let network = GroupNetwork::new(&group, self.inner.peers.clone());
-        let raft = Raft::new(self.id(), self.inner.raft_config.clone(), network, log, state_machine.clone())
+        let config = match group {
+            GroupId::Metadata => self.inner.raft_config.clone(),
+            GroupId::Partition(..) => self.inner.partition_raft_config.clone(),
+        };
+        let raft = Raft::new(self.id(), config, network, log, state_machine.clone())
             .await
             .map_err(|e| StartError::Raft { group: group.clone(), reason: e.to_string() })?;
         self.inner.groups.lock().expect("groups").insert(group, GroupHandle { raft: raft.clone(), state_machine });
@@ -860,7 +884,8 @@ impl Node {
                 // existing group instead.
                 let initialize = placement.epoch == 0 && placement.replicas.contains(&me);
                 let tp = TopicPartition::new(topic.clone(), keel_core::PartitionIndex(index as u32));
-                placed.insert(GroupId::Partition(tp, info.id), PlacedGroup { initialize, members });
+                let preferred = placement.preferred_leader().map(|b| b.0);
+                placed.insert(GroupId::Partition(tp, info.id), PlacedGroup { initialize, members, preferred });
             }
         }
         placed
@@ -887,23 +912,27 @@ impl Node {
     async fn reconcile(&self) -> Result<(), StartError> {
         let placed = self.placed_here();
         let running: BTreeSet<GroupId> = self.groups().into_iter().filter(|g| *g != GroupId::Metadata).collect();
+        let (began, mut started) = (tokio::time::Instant::now(), 0usize);
         for (group, placement) in &placed {
             if running.contains(group) {
                 continue;
             }
+            started += 1;
             let limits = self.metadata().limits().clone();
             let state_machine = GroupStateMachine::open(
                 self.inner.store.clone(),
                 group.key(),
                 GroupStateMachine::initial_partition(limits),
             )?;
-            let raft = self.start_group(group.clone(), state_machine).await?;
-            if placement.initialize && !raft.is_initialized().await.unwrap_or(true) {
-                if let Err(error) = raft.initialize(placement.members.clone()).await {
-                    tracing::debug!(%error, %group, "partition group already initialised");
-                }
-            }
+            self.start_group(group.clone(), state_machine).await?;
+            // Its election timer is off until its turn (see `waves`).
+            let initialise = placement.initialize.then(|| placement.members.clone());
+            self.wait_for_turn(group.clone(), waves::Start { initialise, preferred: placement.preferred });
         }
+        if started > 0 {
+            tracing::info!(started, elapsed_ms = began.elapsed().as_millis() as u64, "partition groups started");
+        }
+        self.wave_round();
         let metadata = self.metadata();
         for group in running.difference(&placed.keys().cloned().collect()) {
             let Some(raft) = self.raft(group) else { continue };

@@ -367,3 +367,126 @@ async fn idle_groups_go_quiet_wake_on_writes_and_elect_when_their_leader_dies() 
     cluster.eventually("quiet again after the restart", DEADLINE, quiet).await.unwrap();
     cluster.shutdown().await;
 }
+
+/// For each partition of `topic`: its preferred leader, and the broker
+/// leading it with its term (if one does).
+fn leaders(cluster: &LocalCluster, topic: &str) -> Vec<(u64, Option<(u64, u64)>)> {
+    let metadata = cluster.live().next().unwrap().metadata();
+    let name = TopicName::new(topic).unwrap();
+    let info = metadata.topic(&name).expect("the topic");
+    (0..info.partitions.len())
+        .map(|index| {
+            let preferred = info.partitions[index].preferred_leader().unwrap().0;
+            let partition = TopicPartition::new(name.clone(), PartitionIndex(index as u32));
+            let group = cluster.live().next().unwrap().partition_group(&partition).unwrap();
+            let led = cluster.live().find_map(|node| {
+                let m = node.raft(&group)?.metrics().borrow().clone();
+                (m.state == openraft::ServerState::Leader).then_some((node.id(), m.current_term))
+            });
+            (preferred, led)
+        })
+        .collect()
+}
+
+/// A new topic's groups elect in waves, each once, on its preferred
+/// leader: only the preferred leader initialises a new group, so its
+/// replicas never split their votes, and a broker lets at most
+/// `wave_groups` groups elect and settle at once (10,000 partitions
+/// created at once never settled: every group's replicas stood for
+/// election in the same instant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_topics_groups_elect_in_waves_once_each_on_their_preferred_leader() {
+    let dir = TempDir::new().unwrap();
+    // Small waves: three debug-built brokers share one process here.
+    const WAVE: usize = 8;
+    let mut cluster =
+        LocalCluster::start(dir.path().to_path_buf(), 3, |config| config.wave_groups = WAVE).await.unwrap();
+    cluster
+        .eventually("all brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 3)
+        .await
+        .unwrap();
+    // 20 preferred per broker: three waves each.
+    let partitions = 3 * 20;
+    let create = MetadataCommand::CreateTopic {
+        topic: "waves".into(),
+        partitions,
+        replication_factor: 3,
+        retention: RetentionPolicy::default(),
+    };
+    let created = cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
+    assert!(matches!(created, Response::Metadata(Ok(MetadataOutcome::TopicCreated { .. }))), "{created:?}");
+    cluster
+        .eventually("the topic on every broker", DEADLINE, |c| {
+            c.live().all(|n| n.metadata().topic(&TopicName::new("waves").unwrap()).is_some())
+        })
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let mut most_electing = 0;
+    loop {
+        most_electing = cluster.live().map(|n| n.wave_counts().1).max().unwrap().max(most_electing);
+        let all = leaders(&cluster, "waves");
+        if all.iter().all(|(_, led)| led.is_some()) {
+            for (index, (preferred, led)) in all.iter().enumerate() {
+                assert_eq!(*led, Some((*preferred, 1)), "partition {index}: led by its preferred leader in term 1");
+            }
+            break;
+        }
+        assert!(started.elapsed() < DEADLINE, "not every partition led: {all:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("{partitions} partitions led {} ms after the create", started.elapsed().as_millis());
+    assert!(most_electing <= WAVE, "{most_electing} groups electing on one broker");
+    cluster.shutdown().await;
+}
+
+/// A topic created while one of its brokers is down: the groups that
+/// broker would have initialised (as preferred leader) are initialised by
+/// another replica once the broker goes unheard, and elect; back, the
+/// broker joins them and gets their writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_whose_preferred_leader_is_down_at_creation_elect_without_it() {
+    let dir = TempDir::new().unwrap();
+    let mut cluster = LocalCluster::start(dir.path().to_path_buf(), 3, |_| {}).await.unwrap();
+    cluster
+        .eventually("all brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 3)
+        .await
+        .unwrap();
+    let down = 3;
+    cluster.stop(down).await;
+    let create = MetadataCommand::CreateTopic {
+        topic: "late".into(),
+        partitions: 6,
+        replication_factor: 3,
+        retention: RetentionPolicy::default(),
+    };
+    let created = cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
+    assert!(matches!(created, Response::Metadata(Ok(MetadataOutcome::TopicCreated { .. }))), "{created:?}");
+    cluster
+        .eventually("the topic on the live brokers", DEADLINE, |c| {
+            c.live().all(|n| n.metadata().topic(&TopicName::new("late").unwrap()).is_some())
+        })
+        .await
+        .unwrap();
+    let all_led = |c: &LocalCluster| leaders(c, "late").iter().all(|(_, led)| led.is_some());
+    cluster.eventually("every partition led without broker 3", DEADLINE, all_led).await.unwrap();
+    let orphaned: Vec<usize> =
+        leaders(&cluster, "late").iter().enumerate().filter(|(_, (p, _))| *p == down).map(|(i, _)| i).collect();
+    assert!(!orphaned.is_empty(), "broker {down} is the preferred leader of some partition");
+
+    // A write to a partition broker 3 would have initialised, then the
+    // broker comes back and gets it.
+    let partition = TopicPartition::new(TopicName::new("late").unwrap(), PartitionIndex(orphaned[0] as u32));
+    let group = cluster.node(1).unwrap().partition_group(&partition).unwrap();
+    let response = cluster.propose(&group, append(1, 0, "without 3"), DEADLINE).await.unwrap();
+    assert!(matches!(response, Response::Partition(Ok(PartitionOutcome::Appended { .. }))), "{response:?}");
+    cluster.restart(down).await.unwrap();
+    cluster
+        .eventually("broker 3 has the write", DEADLINE, |c| {
+            c.node(down).unwrap().partition(&partition).is_some_and(|s| s.high_watermark() == Offset(1))
+        })
+        .await
+        .unwrap();
+    assert_eq!(values(&cluster, down, &partition), ["without 3"]);
+    cluster.shutdown().await;
+}

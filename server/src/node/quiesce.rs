@@ -125,13 +125,10 @@ impl Node {
         // one of this broker's calls lately (its own report among them):
         // two independent signals each round, so that a few lost messages
         // give no live broker up.
-        let heard = quiet.heard.lock().expect("heard").clone();
-        let peers = &self.inner.peers;
-        let live = |peer: &NodeId| {
-            heard.get(peer).is_some_and(|at| now.saturating_duration_since(*at) < LIVENESS_TIMEOUT)
-                || peers.since_answer(*peer).is_some_and(|since| since < LIVENESS_TIMEOUT)
-        };
+        let live = |peer: &NodeId| self.peer_live(*peer, now);
         let running: BTreeSet<&GroupId> = groups.iter().map(|(g, _)| g).collect();
+        // Taken before `led` is locked (`waves` locks in the other order).
+        let in_turn = self.groups_in_turn();
 
         let mut reports: BTreeMap<NodeId, Vec<QuietGroup>> = BTreeMap::new();
         {
@@ -142,7 +139,7 @@ impl Node {
                 let m = metrics.borrow();
                 if m.state != ServerState::Leader {
                     if led.remove(group).is_some_and(|l| l.quiet) {
-                        raft.runtime_config().heartbeat(true);
+                        leading_timers(raft, true);
                     }
                     continue;
                 }
@@ -172,10 +169,14 @@ impl Node {
                 entry.last_index = m.last_log_index;
                 entry.voters = voters;
                 drop(m);
-                let go_quiet = entry.idle_rounds >= QUIET_AFTER_ROUNDS;
+                // A group electing in its wave (a new topic's, or after a
+                // restart) has had no writes to wait out: it goes quiet at
+                // the first settled round, handing its turn on sooner.
+                let rounds = if in_turn.contains(group) { 1 } else { QUIET_AFTER_ROUNDS };
+                let go_quiet = entry.idle_rounds >= rounds;
                 if go_quiet != entry.quiet {
                     tracing::debug!(%group, term, quiet = go_quiet, "led group goes quiet or wakes");
-                    raft.runtime_config().heartbeat(!go_quiet);
+                    leading_timers(raft, !go_quiet);
                     entry.quiet = go_quiet;
                 }
                 if entry.quiet {
@@ -213,7 +214,7 @@ impl Node {
         for group in due {
             tracing::debug!(%group, "followed group wakes: its election timer runs again");
             if let Some(raft) = self.raft(&group) {
-                raft.runtime_config().elect(true);
+                following_timers(&raft, true);
             }
         }
 
@@ -277,7 +278,7 @@ impl Node {
                 }
                 (true, None) => {
                     tracing::debug!(%group, leader = report.broker, "followed group goes quiet");
-                    raft.runtime_config().elect(false);
+                    following_timers(&raft, false);
                     following.insert(group.clone(), Following { leader: report.broker, wake_at: None });
                 }
                 (false, Some(followed)) => {
@@ -298,9 +299,29 @@ impl Node {
         let was_quiet = self.inner.quiet.following.lock().expect("following").remove(group).is_some();
         if was_quiet {
             if let Some(raft) = self.raft(group) {
-                raft.runtime_config().elect(true);
+                following_timers(&raft, true);
             }
         }
+    }
+
+    /// Whether a peer was heard lately: its liveness report arrived, or it
+    /// answered one of this broker's calls.
+    pub(super) fn peer_live(&self, peer: NodeId, now: Instant) -> bool {
+        let heard = self.inner.quiet.heard.lock().expect("heard").get(&peer).copied();
+        heard.is_some_and(|at| now.saturating_duration_since(at) < LIVENESS_TIMEOUT)
+            || self.inner.peers.since_answer(peer).is_some_and(|since| since < LIVENESS_TIMEOUT)
+    }
+
+    /// Partition groups led here that are quiet.
+    pub(super) fn quiet_led_groups(&self) -> BTreeSet<GroupId> {
+        let led = self.inner.quiet.led.lock().expect("led");
+        led.iter().filter(|(_, l)| l.quiet).map(|(g, _)| g.clone()).collect()
+    }
+
+    /// Whether this replica follows a group that is quiet (its election
+    /// timer stopped).
+    pub(super) fn quietly_following(&self, group: &GroupId) -> bool {
+        self.inner.quiet.following.lock().expect("following").contains_key(group)
     }
 
     /// How many groups are quiet here.
@@ -311,6 +332,22 @@ impl Node {
             followed: quiet.following.lock().expect("following").len(),
         }
     }
+}
+
+/// Start or stop a led group's heartbeats, and its ticker with them: a
+/// quiet group's Raft core is not woken at all (at 10,000 groups a ticker
+/// each, every 150 ms, kept a broker's workers busy enough to delay every
+/// Raft message past its time limit).
+pub(super) fn leading_timers(raft: &Raft, on: bool) {
+    raft.runtime_config().heartbeat(on);
+    raft.runtime_config().tick(on);
+}
+
+/// Start or stop a followed (or waiting) group's election timer, and its
+/// ticker with it.
+pub(super) fn following_timers(raft: &Raft, on: bool) {
+    raft.runtime_config().elect(on);
+    raft.runtime_config().tick(on);
 }
 
 /// This replica's delay, within [`WAKE_SPREAD`], before a group whose

@@ -28,12 +28,16 @@ where C: RaftTypeConfig
 
     /// Emit event or not
     enabled: Arc<AtomicBool>,
+
+    /// keel: wakes a parked (disabled) tick loop when ticks are enabled again.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 pub(crate) struct TickHandle<C>
 where C: RaftTypeConfig
 {
     enabled: Arc<AtomicBool>,
+    wake: Arc<tokio::sync::Notify>,
     shutdown: Mutex<Option<oneshot::Sender<()>>>,
     join_handle: Mutex<Option<JoinHandleOf<C, ()>>>,
 }
@@ -55,7 +59,9 @@ where C: RaftTypeConfig
 {
     pub(crate) fn spawn(interval: Duration, tx: mpsc::UnboundedSender<Notify<C>>, enabled: bool) -> TickHandle<C> {
         let enabled = Arc::new(AtomicBool::from(enabled));
+        let wake = Arc::new(tokio::sync::Notify::new());
         let this = Self {
+            wake: wake.clone(),
             interval,
             enabled: enabled.clone(),
             tx,
@@ -73,6 +79,7 @@ where C: RaftTypeConfig
 
         TickHandle {
             enabled,
+            wake,
             shutdown,
             join_handle: Mutex::new(Some(join_handle)),
         }
@@ -84,6 +91,19 @@ where C: RaftTypeConfig
         let mut cancel = std::pin::pin!(cancel_rx);
 
         loop {
+            // keel: a disabled ticker parks until it is enabled again, rather
+            // than waking every interval to find it is still disabled: a
+            // broker with thousands of quiet groups would otherwise wake
+            // thousands of tasks every interval for nothing.
+            if !self.enabled.load(Ordering::Relaxed) {
+                let woken = std::pin::pin!(self.wake.notified());
+                if let Either::Left(_) = futures::future::select(cancel.as_mut(), woken).await {
+                    tracing::info!("TickLoop received cancel signal, quit");
+                    return;
+                }
+                continue;
+            }
+
             let at = C::now() + self.interval;
             let sleep_fut = C::sleep_until(at);
             let sleep_fut = std::pin::pin!(sleep_fut);
@@ -121,6 +141,10 @@ where C: RaftTypeConfig
 {
     pub(crate) fn enable(&self, enabled: bool) {
         self.enabled.store(enabled, Ordering::Relaxed);
+        if enabled {
+            // keel: a permit is kept if the loop is not parked yet.
+            self.wake.notify_one();
+        }
     }
 
     /// Signal the tick loop to stop. And return a JoinHandle to wait for the loop to stop.
