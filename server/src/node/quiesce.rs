@@ -20,6 +20,9 @@
 //! start all its groups' elections in the same instant); the timer, long
 //! expired, elects at the next tick.
 //!
+//! A quiet group's openraft ticker is stopped too (on the leader and on
+//! its followers), so its Raft core is not woken at all while quiet.
+//!
 //! A group wakes when its log grows: the leader heartbeats again from the
 //! next round (well within a follower's election timeout), and a follower restarts its timer on the first entries it
 //! appends. A follower whose leader stops listing the group (it woke, or
