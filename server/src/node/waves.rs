@@ -29,6 +29,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use openraft::{BasicNode, ServerState};
+// The runtime's clock (madsim's virtual one in simulation), as openraft's
+// election timers use: turns are measured against elections, and a broker's
+// skewed wall clock (`crate::clock::Clock`) must not stretch or cut them.
 use tokio::time::Instant;
 
 use super::Node;
