@@ -153,7 +153,10 @@ impl Node {
                 let replicated = m.replication.as_ref().is_some_and(|matched| {
                     followers().all(|v| matched.get(v).is_some_and(|l| l.map(|l| l.index) == m.last_log_index))
                 });
+                // A leader its membership no longer names must keep
+                // ticking: openraft steps it down on a tick.
                 let settled = plain
+                    && voters.contains(&me)
                     && m.last_log_index.is_some()
                     && m.last_applied.map(|l| l.index) == m.last_log_index
                     && replicated
