@@ -31,11 +31,11 @@ const LENGTH_ROW: u64 = u64::MAX;
 /// Present once a snapshot is complete (see [`seal`]).
 const SEALED_ROW: u64 = u64::MAX - 1;
 
-/// Writes a snapshot's chunks when it is first read: a snapshot that is
-/// only state in the database until a follower needs its records.
-/// It returns whether the chunks are to go once this file has them open
-/// (a snapshot replaced while it was written out).
-pub struct Deferred(Box<dyn FnOnce() -> Result<bool, StoreError> + Send + Sync>);
+/// Writes a snapshot's chunks when it is first read (a snapshot that is
+/// only state in the database until a follower needs its records), and
+/// returns them opened: the open file's read view pins them, so whoever
+/// removes them afterwards cannot take them from under this reader.
+pub struct Deferred(Box<dyn FnOnce() -> Result<SnapshotFile, StoreError> + Send + Sync>);
 
 impl std::fmt::Debug for Deferred {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,12 +83,11 @@ impl SnapshotFile {
     }
 
     /// The snapshot under `key`, whose chunks `fill` writes (then seals)
-    /// before it is first read or sought. If `fill` returns true, the chunks
-    /// are removed once this file holds them open: it still reads them.
+    /// and opens before it is first read or sought.
     pub fn deferred(
         store: Arc<NodeStore>,
         key: String,
-        fill: impl FnOnce() -> Result<bool, StoreError> + Send + Sync + 'static,
+        fill: impl FnOnce() -> Result<SnapshotFile, StoreError> + Send + Sync + 'static,
     ) -> SnapshotFile {
         let deferred = Some(Deferred(Box::new(fill)));
         SnapshotFile { store, key, position: 0, length: 0, writing: None, reading: None, view: None, deferred }
@@ -97,12 +96,8 @@ impl SnapshotFile {
     /// Write the chunks of a deferred snapshot, then read them from here.
     fn ready(&mut self) -> Result<(), StoreError> {
         if let Some(Deferred(fill)) = self.deferred.take() {
-            let stale = fill()?;
-            let opened = SnapshotFile::open(self.store.clone(), self.key.clone())?;
+            let opened = fill()?;
             (self.length, self.view, self.reading) = (opened.length, opened.view, None);
-            if stale {
-                remove(&self.store, &self.key)?;
-            }
         }
         Ok(())
     }

@@ -127,8 +127,10 @@ pub struct GroupStateMachine {
     applied_waiters: Arc<tokio::sync::Notify>,
     /// Counts snapshot streams received, for their chunk keys.
     incoming_streams: Arc<std::sync::atomic::AtomicU64>,
-    /// Held while a snapshot's stream is written out (one at a time: two
-    /// followers may need the same snapshot at once).
+    /// Held while a snapshot's stream is written out and opened (one at a
+    /// time: two followers may need the same snapshot at once), and while a
+    /// replaced snapshot's chunks are removed, so that a removal never
+    /// lands between a write-out's chunks or before its reader pins them.
     writing_out: Arc<Mutex<()>>,
 }
 
@@ -316,38 +318,26 @@ impl GroupStateMachine {
                 let now = store.read(|txn| CurrentSnapshot::read(&txn.open_table(SNAPSHOTS)?, &group))?;
                 Ok(now.is_some_and(|now| now.key == key))
             };
-            if snapshot_file::is_sealed(&store, &key)? {
-                return Ok(!still_current(&store)?);
-            }
-            let applied: Applied = postcard::from_bytes(&current.head)?;
-            let mut file = SnapshotFile::create(store.clone(), key.clone())?;
-            file.write_item(&applied)?;
-            if let GroupState::Partition(partition) = &applied.state {
-                // One record in memory at a time.
-                let reader = RecordReader::new(&view, store.segments().clone(), &group)?;
-                let mut offset = partition.log_start();
-                #[allow(unused_mut)]
-                let mut end = partition.high_watermark();
-                #[cfg(madsim)]
-                if keel_core::planted::is_planted(keel_core::planted::Bug::SnapshotDropsLastRecord) && end > offset {
-                    end = Offset(end.0 - 1);
-                }
-                while offset < end {
-                    let Some(record) = reader.get(offset)? else {
-                        return Err(StoreError::Inconsistent(format!(
-                            "{group}'s snapshot keeps offsets from {}, but offset {offset} is not stored",
-                            partition.log_start()
-                        )));
-                    };
-                    file.write_item(&record)?;
-                    offset = Offset(offset.0 + 1);
-                }
+            // Written out already (by an earlier read), unless it was
+            // replaced since and its chunks removed: then write it again.
+            if !snapshot_file::is_sealed(&store, &key)? {
+                write_out(&store, &group, &key, &current, &view)?;
             }
             drop(view);
-            file.finish()?;
-            snapshot_file::seal(&store, &key)?;
-            Ok(!still_current(&store)?)
+            let opened = SnapshotFile::open(store.clone(), key.clone())?;
+            // A replaced snapshot's chunks go now: the open file pins them.
+            if !still_current(&store)? {
+                snapshot_file::remove(&store, &key)?;
+            }
+            Ok(opened)
         }))
+    }
+
+    /// Remove the chunks of a snapshot that is no longer current, once no
+    /// write-out is under way (it may be writing these very chunks).
+    fn remove_replaced(&self, key: &str) -> Result<(), StoreError> {
+        let _no_write_out = self.writing_out.lock().expect("snapshot write-out");
+        snapshot_file::remove(&self.store, key)
     }
 
     /// Make `current` this group's snapshot (durably), unless the current
@@ -372,7 +362,7 @@ impl GroupStateMachine {
             })
             .await?;
         if let Some(loser) = loser {
-            snapshot_file::remove(&self.store, &loser)?;
+            self.remove_replaced(&loser)?;
         }
         Ok(())
     }
@@ -429,7 +419,7 @@ impl GroupStateMachine {
             })
             .await?;
         for stale in previous.into_iter().filter(|k| *k != key).chain([received]) {
-            snapshot_file::remove(&self.store, &stale)?;
+            self.remove_replaced(&stale)?;
         }
         self.store.ledger().snapshot_installed();
         *self.last_applied.lock().expect("applied") = (applied.last_applied, applied.membership);
@@ -534,4 +524,41 @@ fn applied_at(request: &crate::raft::types::Request) -> keel_core::TimestampMs {
         return crate::clock::Clock::system().now();
     }
     request.at
+}
+
+/// Write a snapshot's stream under `key` and seal it: its state, then (for
+/// a partition) every record it keeps, read through `view`.
+fn write_out(
+    store: &Arc<NodeStore>,
+    group: &str,
+    key: &str,
+    current: &CurrentSnapshot,
+    view: &redb::ReadTransaction,
+) -> Result<(), StoreError> {
+    let applied: Applied = postcard::from_bytes(&current.head)?;
+    let mut file = SnapshotFile::create(store.clone(), key.to_string())?;
+    file.write_item(&applied)?;
+    if let GroupState::Partition(partition) = &applied.state {
+        // One record in memory at a time.
+        let reader = RecordReader::new(view, store.segments().clone(), group)?;
+        let mut offset = partition.log_start();
+        #[allow(unused_mut)]
+        let mut end = partition.high_watermark();
+        #[cfg(madsim)]
+        if keel_core::planted::is_planted(keel_core::planted::Bug::SnapshotDropsLastRecord) && end > offset {
+            end = Offset(end.0 - 1);
+        }
+        while offset < end {
+            let Some(record) = reader.get(offset)? else {
+                return Err(StoreError::Inconsistent(format!(
+                    "{group}'s snapshot keeps offsets from {}, but offset {offset} is not stored",
+                    partition.log_start()
+                )));
+            };
+            file.write_item(&record)?;
+            offset = Offset(offset.0 + 1);
+        }
+    }
+    file.finish()?;
+    snapshot_file::seal(store, key)
 }
