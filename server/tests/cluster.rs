@@ -12,7 +12,7 @@ use keel_core::record::Record;
 use keel_core::{Offset, PartitionIndex, ProducerId, Sequence, TopicName, TopicPartition};
 use keel_server::group::GroupId;
 use keel_server::local_cluster::LocalCluster;
-use keel_server::node::NodeConfig;
+use keel_server::node::{Node, NodeConfig};
 use keel_server::raft::types::{Command, Response};
 use tempfile::TempDir;
 
@@ -393,9 +393,10 @@ fn leaders(cluster: &LocalCluster, topic: &str) -> Vec<(u64, Option<(u64, u64)>)
 /// replicas never split their votes, and a broker lets at most
 /// `wave_groups` groups elect and settle at once (10,000 partitions
 /// created at once never settled: every group's replicas stood for
-/// election in the same instant).
+/// election in the same instant). A full restart then elects nobody: each
+/// group's restored leader settles it again, a wave at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_topics_groups_elect_in_waves_once_each_on_their_preferred_leader() {
+async fn new_groups_elect_in_waves_on_their_preferred_leader_and_a_full_restart_elects_none() {
     let dir = TempDir::new().unwrap();
     // Small waves: three debug-built brokers share one process here.
     const WAVE: usize = 8;
@@ -437,7 +438,51 @@ async fn a_new_topics_groups_elect_in_waves_once_each_on_their_preferred_leader(
     }
     eprintln!("{partitions} partitions led {} ms after the create", started.elapsed().as_millis());
     assert!(most_electing <= WAVE, "{most_electing} groups electing on one broker");
+
+    // A full restart of the idle cluster: openraft restores each group's
+    // leader from its vote, and the groups go quiet again in waves, with
+    // no election. A broker never has more than its wave of groups awake
+    // (ticking, heartbeating, or timing out elections): before, every
+    // restored group ran its timers at once, which at 10,000 partitions
+    // overloaded the brokers until nothing could go quiet.
+    let all_quiet = |c: &LocalCluster| {
+        let (led, followed) =
+            c.live().fold((0, 0), |(l, f), n| (l + n.quiet_counts().led, f + n.quiet_counts().followed));
+        (led, followed) == (partitions as usize, 2 * partitions as usize)
+    };
+    cluster.eventually("every group quiet", DEADLINE, all_quiet).await.unwrap();
+    let before = leaders(&cluster, "waves");
+    for id in 1..=3 {
+        cluster.stop(id).await;
+    }
+    for id in 1..=3 {
+        cluster.restart(id).await.unwrap();
+    }
+    let started = tokio::time::Instant::now();
+    let mut most_awake = 0;
+    while !(all_quiet(&cluster) && leaders(&cluster, "waves").iter().all(|(_, led)| led.is_some())) {
+        most_awake = cluster.live().map(awake_groups).max().unwrap().max(most_awake);
+        assert!(started.elapsed() < DEADLINE, "not every group quiet again: {:?}", leaders(&cluster, "waves"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "{partitions} partitions quiet {} ms after the restart, at most {most_awake} awake on a broker",
+        started.elapsed().as_millis()
+    );
+    assert_eq!(leaders(&cluster, "waves"), before, "the restart elected no new leader");
+    // Counted from three separate locks, so a group changing state between
+    // the reads may count twice: some slack over the bound.
+    assert!(most_awake < 2 * WAVE, "{most_awake} groups awake on one broker");
     cluster.shutdown().await;
+}
+
+/// Partition groups on `node` whose timers run and that are not quiet:
+/// neither waiting for a wave turn nor quiet as leader or follower.
+fn awake_groups(node: &Node) -> usize {
+    let quiet = node.quiet_counts();
+    let (waiting, _) = node.wave_counts();
+    let partitions = node.groups().iter().filter(|g| **g != GroupId::Metadata).count();
+    partitions.saturating_sub(quiet.led + quiet.followed + waiting)
 }
 
 /// A topic created while one of its brokers is down: the groups that

@@ -142,7 +142,10 @@ impl Node {
                 let m = metrics.borrow();
                 if m.state != ServerState::Leader {
                     if led.remove(group).is_some_and(|l| l.quiet) {
+                        // A follower now: its election timer must run (a
+                        // group quiet before its wave turn never had it on).
                         leading_timers(raft, true);
+                        raft.runtime_config().elect(true);
                     }
                     continue;
                 }
@@ -179,7 +182,10 @@ impl Node {
                 // restart) has had no writes to wait out: it goes quiet at
                 // the first settled round, handing its turn on sooner.
                 let rounds = if in_turn.contains(group) { 1 } else { QUIET_AFTER_ROUNDS };
-                let go_quiet = entry.idle_rounds >= rounds;
+                // A quiet group stays quiet while nothing changes: the group
+                // that went quiet in its turn, after one round, must not
+                // wake when the turn ends and the bar rises.
+                let go_quiet = if entry.quiet { entry.idle_rounds > 0 } else { entry.idle_rounds >= rounds };
                 if go_quiet != entry.quiet {
                     tracing::debug!(%group, term, quiet = go_quiet, "led group goes quiet or wakes");
                     leading_timers(raft, !go_quiet);

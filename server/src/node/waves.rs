@@ -3,17 +3,26 @@
 //! bounded number of them elect and settle at a time, so that elections do
 //! not outrun the CPU and turn into a storm.
 //!
-//! Every partition group starts here with its election timer off and waits
-//! for its turn. A group is let go without a turn as soon as it knows a
-//! leader (another replica elected, or a leader's entries reached it): its
-//! timer runs from then on, as any follower's. Otherwise a turn is taken
-//! when fewer than [`WAVE_GROUPS`] groups hold one, in this order: groups
-//! whose preferred leader is this broker first, then by group. A turn
-//! starts the group's election timer, and for a new group initialises it
-//! (every replica of a never-moved placement may, with the same
-//! membership). A group gives its turn back once it is quiet here (led and
-//! idle, see `quiesce`) or follows a leader elsewhere, and after
-//! [`WAVE_HOLD`] at the latest.
+//! Every partition group starts here with its election timer and its
+//! ticker off (so no heartbeats either) and waits for its turn. A group is
+//! let go without a turn once it is quiet here (see `quiesce`), or, as
+//! leader, once its log grew while it waited (it is written to, and must
+//! heartbeat). Its timers run from then on, as any group's. A
+//! follower whose leader's broker is heard waits on, its election timer
+//! off, until the group goes quiet (its leader settles it in the leader's
+//! own turn); should that broker go unheard, the follower takes a turn.
+//! Otherwise a turn is taken when fewer than [`WAVE_GROUPS`] groups hold
+//! one, in this order: groups whose preferred leader is this broker first,
+//! then by group. A turn starts the group's timers, and for a new group
+//! initialises it. A group gives its turn back once it is quiet here, and
+//! after [`WAVE_HOLD`] at the latest.
+//!
+//! Knowing a leader is not enough to run the timers: after a restart
+//! openraft names the leader of the vote restored from disk, and that
+//! leader, waiting on its own broker, is not heartbeating. Followers whose
+//! election timers ran would elect, in every group at once. A restored
+//! leader does send each follower its log again at start-up, so an idle
+//! group usually goes quiet before its turn comes, without a heartbeat.
 //!
 //! A new group is initialised by its preferred leader alone, so that its
 //! replicas do not all stand for election in the same instant (each would
@@ -46,7 +55,7 @@ use crate::raft::types::NodeId;
 /// failed faster than groups settled).
 pub const WAVE_GROUPS: usize = 64;
 /// The longest a group holds a turn: one that cannot go quiet (a replica
-/// is down) must not hold back the groups after it.
+/// is down, or it is written to) must not hold back the groups after it.
 pub const WAVE_HOLD: Duration = Duration::from_secs(3);
 /// How long a replica that is not the preferred leader waits for a new
 /// group's leader to reach it before it initialises the group itself,
@@ -88,6 +97,9 @@ struct Turn {
 
 struct Waiting {
     since: Instant,
+    /// Its last log index when first seen waiting: a leader whose log grew
+    /// since is written to, and heartbeats (it is let go).
+    last_index: Option<u64>,
     /// The membership to initialise a new group with, if this replica may.
     initialise: Option<BTreeMap<NodeId, BasicNode>>,
     preferred: Option<NodeId>,
@@ -102,8 +114,10 @@ pub(super) struct Start {
 /// What one round decided for a waiting group.
 enum Step {
     Wait,
-    /// It knows a leader: let its timer run, without a turn.
-    Release,
+    /// It is quiet here: let it go, its timers as quiescence set them.
+    ReleaseQuiet,
+    /// It is awake (written to): let its timers run, without a turn.
+    ReleaseAwake,
     /// It takes a turn (and is initialised, if new).
     Turn {
         initialise: bool,
@@ -116,10 +130,13 @@ impl Node {
     pub(super) fn wait_for_turn(&self, group: GroupId, start: Start) {
         let preferred = start.preferred == Some(self.id());
         let mut state = self.inner.waves.state.lock().expect("waves");
-        state.waiting.insert(
-            Turn { not_preferred: !preferred, group },
-            Waiting { since: Instant::now(), initialise: start.initialise, preferred: start.preferred },
-        );
+        let waiting = Waiting {
+            since: Instant::now(),
+            last_index: None,
+            initialise: start.initialise,
+            preferred: start.preferred,
+        };
+        state.waiting.insert(Turn { not_preferred: !preferred, group }, waiting);
     }
 
     pub(super) async fn waves_forever(&self) {
@@ -136,19 +153,15 @@ impl Node {
         let mut state = self.inner.waves.state.lock().expect("waves");
         let state = &mut *state;
         let quiet_led = self.quiet_led_groups();
+        let quiet_here = |group: &GroupId| quiet_led.contains(group) || self.quietly_following(group);
         let mut again = Vec::new();
         state.turned.retain(|group, held| {
             let Some(raft) = self.raft(group) else { return false };
-            let (settled, leader_known) = {
-                let metrics = raft.metrics();
-                let m = metrics.borrow();
-                let settled = match m.current_leader {
-                    Some(leader) if leader == me => quiet_led.contains(group),
-                    Some(_) => m.state != ServerState::Leader,
-                    None => false,
-                };
-                (settled, m.current_leader.is_some())
-            };
+            // Settled once quiet here: a follower that merely knows a
+            // leader may know one restored from disk that is not (yet)
+            // heartbeating, and must hold its turn while its timer runs.
+            let settled = quiet_here(group);
+            let leader_known = raft.metrics().borrow().current_leader.is_some();
             let expired = now.saturating_duration_since(held.since) >= WAVE_HOLD;
             if expired && !leader_known {
                 // No leader in its turn (its peers too busy to answer, or
@@ -161,7 +174,8 @@ impl Node {
             !settled && !expired
         });
         for (turn, since, preferred) in again {
-            state.waiting.insert(turn, Waiting { since, initialise: None, preferred });
+            let waiting = Waiting { since, last_index: None, initialise: None, preferred };
+            state.waiting.insert(turn, waiting);
         }
         let mut room = self.inner.config.wave_groups.saturating_sub(state.turned.len());
         let mut done = Vec::new();
@@ -174,8 +188,23 @@ impl Node {
                 let metrics = raft.metrics();
                 let m = metrics.borrow();
                 let initialised = m.membership_config.membership().voter_ids().next().is_some();
-                if m.current_leader.is_some() {
-                    Step::Release
+                let leading = m.state == ServerState::Leader && m.current_leader == Some(me);
+                // The first log index seen is the baseline (a group's
+                // metrics are not loaded yet when it starts waiting).
+                if waiting.last_index.is_none() {
+                    waiting.last_index = m.last_log_index;
+                }
+                let written = leading && waiting.last_index.is_some() && m.last_log_index > waiting.last_index;
+                if quiet_here(&turn.group) {
+                    Step::ReleaseQuiet
+                } else if written {
+                    Step::ReleaseAwake
+                } else if m.current_leader.is_some_and(|leader| leader != me && self.peer_live(leader, now)) {
+                    // Its leader's broker is heard: the leader goes quiet
+                    // in its own turn (or heartbeats, written to), and
+                    // should that broker go unheard this group takes a
+                    // turn and may elect.
+                    Step::Wait
                 } else if initialised {
                     Step::Turn { initialise: false }
                 } else if waiting.initialise.is_some() && self.may_initialise(waiting, now) {
@@ -186,7 +215,16 @@ impl Node {
             };
             match step {
                 Step::Wait => {}
-                Step::Release => {
+                Step::ReleaseQuiet => {
+                    // Quiescence runs a quiet group's timers from here. A
+                    // quiet leader's election timer is set to run should it
+                    // step down (its ticker stays off while it is quiet).
+                    if quiet_led.contains(&turn.group) {
+                        raft.runtime_config().elect(true);
+                    }
+                    done.push(turn.clone());
+                }
+                Step::ReleaseAwake => {
                     self.allow_elections(&turn.group, &raft);
                     done.push(turn.clone());
                 }
@@ -233,8 +271,9 @@ impl Node {
         }
     }
 
-    /// Let a group's election timer run, unless the group is quiet under
-    /// its leader (then `quiesce` starts it again when it wakes).
+    /// Let a group's election timer and ticker run (a leader's ticker
+    /// drives its heartbeats), unless it went quiet as a follower since
+    /// this round looked (then `quiesce` starts them when it wakes).
     fn allow_elections(&self, group: &GroupId, raft: &crate::raft::types::Raft) {
         if !self.quietly_following(group) {
             super::quiesce::following_timers(raft, true);
