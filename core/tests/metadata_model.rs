@@ -49,6 +49,9 @@ fn command() -> impl Strategy<Value = MetadataCommand> {
         2 => (name(&TOPICS), 1u64..5, 0u32..5, 0u64..3).prop_map(|(topic, topic_id, p, epoch)| MetadataCommand::MoveSettled {
             topic, topic_id, partition: PartitionIndex(p), epoch
         }),
+        2 => (name(&TOPICS), 1u64..5, proptest::collection::vec((0u32..5, 0u64..3), 0..4)).prop_map(|(topic, topic_id, reports)| MetadataCommand::MovesSettled {
+            topic, topic_id, partitions: reports.into_iter().map(|(p, epoch)| (PartitionIndex(p), epoch)).collect()
+        }),
         1 => (name(&TOPICS), 0u32..5, proptest::collection::vec(1u64..6, 0..4)).prop_map(|(topic, p, replicas)| MetadataCommand::MoveReplicas {
             topic, partition: PartitionIndex(p), replicas: replicas.into_iter().map(BrokerId).collect()
         }),
@@ -255,6 +258,16 @@ impl Model {
                 }
                 Ok(())
             }
+            // Stale partitions are listed in the outcome, not refused.
+            MetadataCommand::MovesSettled { topic, topic_id, .. } => {
+                if !legal(topic) {
+                    return Err("InvalidName");
+                }
+                if self.ids.get(topic) != Some(topic_id) {
+                    return Err("StaleMoveReport");
+                }
+                Ok(())
+            }
             MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor } => {
                 if !legal(group) || !legal(member) {
                     return Err("InvalidName");
@@ -413,6 +426,23 @@ impl Model {
                 self.leaving.remove(&(topic.clone(), partition.0));
                 self.started.insert((topic.clone(), partition.0));
             }
+            (
+                MetadataCommand::MovesSettled { topic, partitions, .. },
+                MetadataOutcome::MovesSettled { settled, stale, .. },
+            ) => {
+                let mut expected_settled = Vec::new();
+                let mut expected_stale = Vec::new();
+                for (partition, epoch) in partitions {
+                    if self.epochs.get(&(topic.clone(), partition.0)) == Some(epoch) {
+                        self.leaving.remove(&(topic.clone(), partition.0));
+                        self.started.insert((topic.clone(), partition.0));
+                        expected_settled.push(*partition);
+                    } else {
+                        expected_stale.push(*partition);
+                    }
+                }
+                assert_eq!((settled, stale), (&expected_settled, &expected_stale), "the partitions settled and stale");
+            }
             (MetadataCommand::MoveReplicas { topic, partition, replicas }, _) => {
                 let to: Vec<u64> = replicas.iter().map(|b| b.0).collect();
                 let from =
@@ -545,6 +575,7 @@ fn rejection_kind(rejection: &MetadataRejection) -> &'static str {
         MetadataRejection::UnknownBroker { .. } => "UnknownBroker",
         MetadataRejection::BrokerHoldsReplicas { .. } => "BrokerHoldsReplicas",
         MetadataRejection::StaleMoveReport { .. } => "StaleMoveReport",
+        MetadataRejection::TooManyReports { .. } => "TooManyReports",
         MetadataRejection::PartitionNotStarted { .. } => "PartitionNotStarted",
         MetadataRejection::NowhereToDrain { .. } => "NowhereToDrain",
         MetadataRejection::TopicExists { .. } => "TopicExists",

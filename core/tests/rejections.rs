@@ -618,6 +618,48 @@ fn a_broker_moved_off_a_partition_stays_until_the_group_settles() {
     assert_eq!(state.replicas_on(BrokerId(1)), 1, "partition 1 still has a replica on broker 1");
 }
 
+/// Started reports gathered into one command: each partition whose epoch
+/// matches starts, a stale one is listed and left as it is, a report of
+/// another incarnation or of too many partitions changes nothing.
+#[test]
+fn reports_of_several_partitions_settle_each_that_is_current() {
+    use keel_core::metadata::{MetadataOutcome, SETTLED_REPORTS_MAX};
+    let mut state = cluster();
+    state.apply(TimestampMs(2), &MetadataCommand::DeleteTopic { topic: "t".into() }).unwrap();
+    state.apply(TimestampMs(2), &create("t", 3, 2)).unwrap();
+    let topic = keel_core::TopicName::new("t").unwrap();
+    let topic_id = state.topic(&topic).unwrap().id;
+    let reports = |topic_id: u64, partitions: Vec<(u32, u64)>| MetadataCommand::MovesSettled {
+        topic: "t".into(),
+        topic_id,
+        partitions: partitions.into_iter().map(|(p, epoch)| (PartitionIndex(p), epoch)).collect(),
+    };
+    let before = state.clone();
+    let other = state.apply(TimestampMs(3), &reports(topic_id + 1, vec![(0, 0)]));
+    assert!(matches!(other, Err(MetadataRejection::StaleMoveReport { .. })), "{other:?}");
+    let many = reports(topic_id, (0..=SETTLED_REPORTS_MAX as u32).map(|p| (p % 3, 0)).collect());
+    let too_many = state.apply(TimestampMs(3), &many);
+    assert_eq!(
+        too_many,
+        Err(MetadataRejection::TooManyReports { count: SETTLED_REPORTS_MAX + 1, max: SETTLED_REPORTS_MAX })
+    );
+    assert!(too_many.unwrap_err().to_string().contains("report them in several"));
+    assert_eq!(state.topics(), before.topics());
+
+    let outcome = state.apply(TimestampMs(4), &reports(topic_id, vec![(0, 0), (1, 7), (2, 0)])).unwrap();
+    assert_eq!(
+        outcome,
+        MetadataOutcome::MovesSettled {
+            topic: topic.clone(),
+            settled: vec![PartitionIndex(0), PartitionIndex(2)],
+            stale: vec![PartitionIndex(1)],
+        }
+    );
+    let started: Vec<bool> = state.topic(&topic).unwrap().partitions.iter().map(|p| p.started).collect();
+    assert_eq!(started, vec![true, false, true]);
+    state.check_invariants().unwrap();
+}
+
 #[test]
 fn draining_moves_every_replica_off_all_or_nothing() {
     let mut state = cluster();

@@ -43,6 +43,7 @@ mod group_expiry;
 mod membership;
 mod quiesce;
 mod retention;
+mod settled;
 mod waves;
 
 pub use append::{ENTRIES_IN_FLIGHT_MAX, ENTRY_BATCHES_MAX, ENTRY_BYTES_MAX};
@@ -315,6 +316,8 @@ struct NodeInner {
     retention_proposed: Mutex<BTreeSet<GroupId>>,
     /// Produce requests waiting to share a Raft entry, per partition group.
     lanes: append::Lanes,
+    /// Settled reports waiting to share a metadata entry (metadata leader).
+    settling: Mutex<settled::Settling>,
     /// Which partition groups are quiet (no heartbeats while idle).
     quiet: quiesce::Quiescence,
     /// Which partition groups may elect now (see `waves`).
@@ -421,6 +424,7 @@ impl Node {
             retention_checked: Mutex::new(BTreeMap::new()),
             retention_proposed: Mutex::new(BTreeSet::new()),
             lanes: append::Lanes::default(),
+            settling: Mutex::new(settled::Settling::default()),
             quiet: quiesce::Quiescence::default(),
             waves: waves::Waves::default(),
             metrics: crate::metrics::Metrics::new(),

@@ -422,6 +422,11 @@ async fn new_groups_elect_in_waves_on_their_preferred_leader_and_a_full_restart_
         })
         .await
         .unwrap();
+    let metadata_index = |c: &LocalCluster| {
+        let node = c.node(1).unwrap();
+        node.raft(&GroupId::Metadata).unwrap().metrics().borrow().last_log_index.unwrap_or(0)
+    };
+    let index_at_create = metadata_index(&cluster);
     let started = tokio::time::Instant::now();
     let mut most_electing = 0;
     loop {
@@ -438,6 +443,18 @@ async fn new_groups_elect_in_waves_on_their_preferred_leader_and_a_full_restart_
     }
     eprintln!("{partitions} partitions led {} ms after the create", started.elapsed().as_millis());
     assert!(most_electing <= WAVE, "{most_electing} groups electing on one broker");
+
+    // Each partition's leader reports that its group started; the metadata
+    // leader gathers the reports into shared entries (one entry per report
+    // was 3x the partitions in entries at 10,000, each rewriting the topic).
+    let all_started = |c: &LocalCluster| {
+        let metadata = c.node(1).unwrap().metadata();
+        metadata.topic(&TopicName::new("waves").unwrap()).is_some_and(|t| t.partitions.iter().all(|p| p.started))
+    };
+    cluster.eventually("every partition started", DEADLINE, all_started).await.unwrap();
+    let entries = metadata_index(&cluster) - index_at_create;
+    eprintln!("{partitions} partitions started in {entries} metadata entries");
+    assert!(entries < partitions as u64 / 2, "{entries} metadata entries for {partitions} started reports");
 
     // A full restart of the idle cluster: openraft restores each group's
     // leader from its vote, and the groups go quiet again in waves, with
@@ -533,5 +550,28 @@ async fn groups_whose_preferred_leader_is_down_at_creation_elect_without_it() {
         .await
         .unwrap();
     assert_eq!(values(&cluster, down, &partition), ["without 3"]);
+    cluster.shutdown().await;
+}
+
+/// Groups whose follower's broker is down try it again after a growing
+/// pause (up to 800 ms), not once per call time limit: at 10,000
+/// partitions the retries of every group a broker leads kept a restarted
+/// cluster too busy to settle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_to_a_broker_that_is_down_backs_off() {
+    let dir = TempDir::new().unwrap();
+    let (mut cluster, _, _) = cluster_with_topic(&dir, "off", |_| {}, RetentionPolicy::default()).await;
+    cluster.stop(3).await;
+    let attempts =
+        |c: &LocalCluster| -> u64 { c.live().map(|n| n.peer_health().get(&3).map_or(0, |h| h.failed_calls)).sum() };
+    // Let the pauses grow to their longest, then count for a few seconds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (before, window) = (attempts(&cluster), Duration::from_secs(3));
+    tokio::time::sleep(window).await;
+    let per_second = (attempts(&cluster) - before) as f64 / window.as_secs_f64();
+    // Three groups (the metadata group and two partitions), each led by
+    // broker 1 or 2, each with broker 3 as a follower.
+    eprintln!("{per_second:.1} attempts a second to the broker that is down");
+    assert!(per_second < 3.0 * 2.5, "{per_second:.1} attempts a second for three groups");
     cluster.shutdown().await;
 }

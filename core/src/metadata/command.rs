@@ -81,7 +81,16 @@ pub enum MetadataCommand {
     /// does. Proposed by the metadata leader; naming `empty_since` makes a
     /// proposal about a group that was used again in between stale.
     ForgetGroup { group: String, empty_since: TimestampMs },
+    /// What `MoveSettled` reports for one partition, for several of one
+    /// topic at once (at most [`SETTLED_REPORTS_MAX`]): the metadata leader
+    /// gathers concurrent reports into one entry. Each partition whose
+    /// epoch still matches settles; the others are stale and stay as they
+    /// are.
+    MovesSettled { topic: String, topic_id: u64, partitions: Vec<(PartitionIndex, u64)> },
 }
+
+/// Most partitions one `MovesSettled` names.
+pub const SETTLED_REPORTS_MAX: usize = 1024;
 
 /// What an applied metadata command did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +157,13 @@ pub enum MetadataOutcome {
         group: GroupName,
     },
     Access(AccessOutcome),
+    /// Of a `MovesSettled`, the partitions that settled and those whose
+    /// report was stale (another epoch).
+    MovesSettled {
+        topic: TopicName,
+        settled: Vec<PartitionIndex>,
+        stale: Vec<PartitionIndex>,
+    },
 }
 
 /// Why a metadata command changed nothing. Each message says what to do.
@@ -236,11 +252,13 @@ pub enum MetadataRejection {
     SettingBelowCurrent { name: String, value: u64, current: u64, example: String },
     #[error("group {group} is not forgotten: {reason}")]
     GroupNotExpired { group: String, reason: String },
+    #[error("one report names {count} partitions, more than {max}: report them in several")]
+    TooManyReports { count: usize, max: usize },
 }
 
 impl MetadataRejection {
     /// Every kind of rejection, by name (the simulation counts which occur).
-    pub const KINDS: [&'static str; 31] = [
+    pub const KINDS: [&'static str; 32] = [
         "InvalidName",
         "InvalidBrokerAddress",
         "TooManyBrokers",
@@ -272,6 +290,7 @@ impl MetadataRejection {
         "Setting",
         "SettingBelowCurrent",
         "GroupNotExpired",
+        "TooManyReports",
     ];
 
     /// This rejection's kind: its variant's name.
@@ -308,6 +327,7 @@ impl MetadataRejection {
             Self::Setting(_) => "Setting",
             Self::SettingBelowCurrent { .. } => "SettingBelowCurrent",
             Self::GroupNotExpired { .. } => "GroupNotExpired",
+            Self::TooManyReports { .. } => "TooManyReports",
         }
     }
 }

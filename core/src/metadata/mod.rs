@@ -13,7 +13,7 @@ mod group;
 mod rows;
 mod state;
 
-pub use command::{MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult};
+pub use command::{MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult, SETTLED_REPORTS_MAX};
 pub use group::{GroupInfo, MemberInfo};
 pub use rows::Rows;
 pub use state::{BrokerInfo, GroupFloor, MetadataChanges, MetadataHead, MetadataState, RetentionPolicy, TopicInfo};

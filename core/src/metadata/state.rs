@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::command::{
     validate_member, validate_subscription, MetadataCommand, MetadataOutcome, MetadataRejection, MetadataResult,
+    SETTLED_REPORTS_MAX,
 };
 use super::group::{GroupInfo, MemberInfo};
 use super::rows::Rows;
@@ -241,6 +242,9 @@ impl MetadataState {
             }
             MetadataCommand::MoveSettled { topic, topic_id, partition, epoch } => {
                 self.move_settled(topic, *topic_id, *partition, *epoch)
+            }
+            MetadataCommand::MovesSettled { topic, topic_id, partitions } => {
+                self.moves_settled(topic, *topic_id, partitions)
             }
             MetadataCommand::DrainBroker { broker } => self.drain_broker(*broker),
             MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor } => {
@@ -567,6 +571,29 @@ impl MetadataState {
         placement.leaving.clear();
         placement.started = true;
         Ok(MetadataOutcome::MoveSettled { partition: TopicPartition::new(name, partition) })
+    }
+
+    fn moves_settled(&mut self, topic: &str, topic_id: u64, partitions: &[(PartitionIndex, u64)]) -> MetadataResult {
+        if partitions.len() > SETTLED_REPORTS_MAX {
+            return Err(MetadataRejection::TooManyReports { count: partitions.len(), max: SETTLED_REPORTS_MAX });
+        }
+        let name = TopicName::new(topic)?;
+        let Some(info) = self.topics.get_mut(&name).filter(|t| t.id == topic_id) else {
+            let (partition, epoch) = partitions.first().copied().unwrap_or((PartitionIndex(0), 0));
+            return Err(MetadataRejection::StaleMoveReport { topic: topic.to_string(), topic_id, partition, epoch });
+        };
+        let (mut settled, mut stale) = (Vec::new(), Vec::new());
+        for &(partition, epoch) in partitions {
+            match info.partitions.get_mut(partition.0 as usize).filter(|p| p.epoch == epoch) {
+                Some(placement) => {
+                    placement.leaving.clear();
+                    placement.started = true;
+                    settled.push(partition);
+                }
+                None => stale.push(partition),
+            }
+        }
+        Ok(MetadataOutcome::MovesSettled { topic: name, settled, stale })
     }
 
     /// Move every replica off `broker` (all or nothing): each to the other

@@ -105,7 +105,7 @@ pub(super) fn metadata_rejection(rejection: MetadataRejection) -> Status {
         BrokerHoldsReplicas { .. } | AssignorMismatch { .. } | StaleMoveReport { .. } | NowhereToDrain { .. } => {
             Code::FailedPrecondition
         }
-        PartitionCountDecrease { .. } => Code::InvalidArgument,
+        PartitionCountDecrease { .. } | TooManyReports { .. } => Code::InvalidArgument,
         GroupHasMembers { .. } => Code::FailedPrecondition,
         Setting(keel_core::limits::SettingError::Unknown { .. }) => Code::NotFound,
         Setting(_) => Code::InvalidArgument,

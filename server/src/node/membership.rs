@@ -514,18 +514,7 @@ impl Node {
                 return Err(JoinRefusal::Refused(stale));
             }
         }
-        let command = MetadataCommand::MoveSettled {
-            topic: report.topic,
-            topic_id: report.topic_id,
-            partition: keel_core::PartitionIndex(report.partition),
-            epoch: report.epoch,
-        };
-        match self.propose(&GroupId::Metadata, Command::Metadata(command)).await {
-            Ok(Response::Metadata(Ok(_))) => Ok(()),
-            Ok(Response::Metadata(Err(rejection))) => Err(JoinRefusal::Refused(rejection.to_string())),
-            Ok(other) => Err(JoinRefusal::Refused(format!("the metadata group answered {other:?}"))),
-            Err(error) => Err(JoinRefusal::Retry(error.to_string())),
-        }
+        self.settle_gathered(report).await
     }
 
     /// On every partition group this broker leads whose voters differ from

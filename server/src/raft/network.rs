@@ -25,8 +25,10 @@ use std::time::Duration;
 use keel_proto::raft::raft_transport_client::RaftTransportClient;
 use keel_proto::raft::raft_transport_server::RaftTransport;
 use keel_proto::raft::{RaftReply, RaftRequest};
-use openraft::error::{InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError};
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{Backoff, RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
     VoteResponse,
@@ -493,12 +495,29 @@ impl PeerClient {
         match result {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(remote)) => Err(RPCError::RemoteError(RemoteError::new(self.target, remote))),
-            // Not `Unreachable`: that sends openraft's replication into a
-            // back-off whose `select!` is not `biased`, which draws on
-            // tokio's process-wide RNG and breaks replay inside a batch of
-            // simulation runs. A network error retries at the next
-            // heartbeat instead.
+            // openraft's replication sends again at once after any other
+            // error. Against a peer that is down or cut off, each of the
+            // thousands of groups a broker leads would do so once per call
+            // time limit, reading its entries each time: at 10,000
+            // partitions that kept a restarted cluster's brokers too busy to
+            // hear each other, and no group could go quiet. (The back-off's
+            // `select!` is `biased` in the vendored openraft, so it replays.)
+            Err(e) if self.unreachable(&e) => Err(RPCError::Unreachable(Unreachable::new(&e))),
             Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
+        }
+    }
+
+    /// Whether a failed call says the peer cannot be reached now (rather
+    /// than that this one call failed): it could not be connected to, or
+    /// it timed out with nothing heard from the peer lately.
+    fn unreachable(&self, error: &TransportError) -> bool {
+        match error {
+            TransportError::Resting => true,
+            TransportError::Status(status) => status.code() == tonic::Code::Unavailable,
+            TransportError::TimedOut => {
+                self.peers.since_answer(self.target).is_none_or(|since| since > crate::node::KEEPALIVE_TIMEOUT)
+            }
+            _ => false,
         }
     }
 }
@@ -514,7 +533,20 @@ fn message_too_large(status: &tonic::Status) -> bool {
 
 type RpcResult<T, E = openraft::error::Infallible> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
 
+/// The first pause before a group's replication tries an unreachable peer
+/// again; each further failure doubles it, up to
+/// [`UNREACHABLE_BACKOFF_MAX`].
+pub const UNREACHABLE_BACKOFF_FIRST: Duration = Duration::from_millis(100);
+/// The longest such pause: a follower back after a failure is reached
+/// within this (its quiet groups wait on broker liveness, not on this).
+pub const UNREACHABLE_BACKOFF_MAX: Duration = Duration::from_millis(800);
+
 impl RaftNetwork<TypeConfig> for PeerClient {
+    fn backoff(&self) -> Backoff {
+        let doubling = std::iter::successors(Some(UNREACHABLE_BACKOFF_FIRST), |pause| Some(*pause * 2));
+        Backoff::new(doubling.map(|pause| pause.min(UNREACHABLE_BACKOFF_MAX)))
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
