@@ -10,7 +10,9 @@
 //! heartbeat). Its timers run from then on, as any group's. A
 //! follower whose leader's broker is heard waits on, its election timer
 //! off, until the group goes quiet (its leader settles it in the leader's
-//! own turn); should that broker go unheard, the follower takes a turn.
+//! own turn); should that broker go unheard, or the membership no longer
+//! name that leader, or [`FOLLOWER_PATIENCE`] pass, the follower takes a
+//! turn.
 //! Otherwise a turn is taken when fewer than [`WAVE_GROUPS`] groups hold
 //! one, in this order: groups whose preferred leader is this broker first,
 //! then by group. A turn starts the group's timers, and for a new group
@@ -62,6 +64,10 @@ pub const WAVE_HOLD: Duration = Duration::from_secs(3);
 /// while the preferred leader's broker is heard (a broker unheard is given
 /// up at once).
 pub const INITIALISE_FALLBACK: Duration = Duration::from_secs(60);
+/// How long a follower whose leader's broker is heard waits with its
+/// election timer off before it takes a turn anyway (its leader may have
+/// stepped down without this replica hearing of another).
+pub const FOLLOWER_PATIENCE: Duration = Duration::from_secs(10);
 /// How often turns are handed out.
 pub const WAVE_ROUND: Duration = Duration::from_millis(100);
 
@@ -199,11 +205,18 @@ impl Node {
                     Step::ReleaseQuiet
                 } else if written {
                     Step::ReleaseAwake
-                } else if m.current_leader.is_some_and(|leader| leader != me && self.peer_live(leader, now)) {
+                } else if m.current_leader.is_some_and(|leader| {
+                    leader != me
+                        && m.membership_config.membership().voter_ids().any(|v| v == leader)
+                        && self.peer_live(leader, now)
+                }) && now.saturating_duration_since(waiting.since) < FOLLOWER_PATIENCE
+                {
                     // Its leader's broker is heard: the leader goes quiet
                     // in its own turn (or heartbeats, written to), and
                     // should that broker go unheard this group takes a
-                    // turn and may elect.
+                    // turn and may elect. A leader the membership no
+                    // longer names (a move took it off) is stepping down:
+                    // its followers must elect.
                     Step::Wait
                 } else if initialised {
                     Step::Turn { initialise: false }
