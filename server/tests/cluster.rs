@@ -575,3 +575,56 @@ async fn replication_to_a_broker_that_is_down_backs_off() {
     assert!(per_second < 3.0 * 2.5, "{per_second:.1} attempts a second for three groups");
     cluster.shutdown().await;
 }
+
+/// A replica moved off its partition while its broker was down never hears
+/// of the membership without it: back, it must still stop once the move
+/// has settled. Before, it ran on in the old membership, standing for
+/// election forever and answering reads from its old state (simulation
+/// seed 25 read a deleted group's position from such a replica).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_moved_off_while_its_broker_was_down_stops_when_it_is_back() {
+    use keel_core::BrokerId;
+    let dir = TempDir::new().unwrap();
+    let mut cluster = LocalCluster::start(dir.path().to_path_buf(), 4, |_| {}).await.unwrap();
+    cluster
+        .eventually("all brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 4)
+        .await
+        .unwrap();
+    let create = MetadataCommand::CreateTopic {
+        topic: "moved".into(),
+        partitions: 1,
+        replication_factor: 3,
+        retention: RetentionPolicy::default(),
+    };
+    cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
+    let name = TopicName::new("moved").unwrap();
+    let placement = |c: &LocalCluster| {
+        let node = c.live().next().unwrap();
+        node.metadata().topic(&name).map(|t| t.partitions[0].clone())
+    };
+    cluster.eventually("the partition started", DEADLINE, |c| placement(c).is_some_and(|p| p.started)).await.unwrap();
+    let replicas = placement(&cluster).unwrap().replicas;
+    let spare = (1..=4).find(|b| !replicas.contains(&BrokerId(*b))).unwrap();
+    let moved_off = replicas.iter().map(|b| b.0).find(|b| *b != 1).unwrap();
+    let partition = TopicPartition::new(name.clone(), PartitionIndex(0));
+    let group = cluster.node(1).unwrap().partition_group(&partition).unwrap();
+
+    cluster.stop(moved_off).await;
+    let to: Vec<BrokerId> = replicas.iter().copied().filter(|b| b.0 != moved_off).chain([BrokerId(spare)]).collect();
+    let command = MetadataCommand::MoveReplicas { topic: "moved".into(), partition: PartitionIndex(0), replicas: to };
+    let moved = cluster.propose(&GroupId::Metadata, Command::Metadata(command), DEADLINE).await.unwrap();
+    assert!(matches!(moved, Response::Metadata(Ok(_))), "{moved:?}");
+    cluster
+        .eventually("the move settled", DEADLINE, |c| placement(c).is_some_and(|p| p.leaving.is_empty()))
+        .await
+        .unwrap();
+
+    cluster.restart(moved_off).await.unwrap();
+    cluster
+        .eventually("the replica moved off stopped", DEADLINE, |c| {
+            !c.node(moved_off).unwrap().groups().contains(&group)
+        })
+        .await
+        .unwrap();
+    cluster.shutdown().await;
+}

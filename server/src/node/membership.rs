@@ -576,13 +576,20 @@ async fn change_voters(group: &GroupId, raft: &Raft, target: BTreeMap<NodeId, St
 }
 
 /// Whether a running group that is no longer placed here may stop: its
-/// topic is gone (its data then goes), or its own membership no longer
-/// names this broker and that membership is committed (applied here); the
-/// stopped replica keeps its data. A membership only appended here may
-/// still be replaced by one that names this broker again (moves back to
-/// back).
+/// topic is gone (its data then goes); or its own membership no longer
+/// names this broker and that membership is committed (applied here); or
+/// the metadata no longer names this broker even as leaving, which it
+/// stops doing only once the group's leader reported its membership
+/// settled without this broker (`MoveSettled`): that membership is
+/// committed in the group, whether or not this replica heard of it. The
+/// stopped replica keeps its data (a move back reopens it). A replica cut
+/// off before the final membership reached it would otherwise stand for
+/// election in the joint one forever and answer reads from its old state
+/// (simulation seed 25: a deleted group's position read back for 10 s).
 pub(super) fn may_stop(metadata: &MetadataState, group: &GroupId, raft: &Raft, me: NodeId) -> bool {
-    if Node::placement_of(metadata, group).is_none() {
+    let Some(placement) = Node::placement_of(metadata, group) else { return true };
+    let me_broker = keel_core::BrokerId(me);
+    if !placement.replicas.contains(&me_broker) && !placement.leaving.contains(&me_broker) {
         return true;
     }
     let (_, committed) = nodes(raft);
