@@ -128,13 +128,14 @@ fn l1_catches_a_coordinator_that_never_expires_members() {
 #[test]
 fn g1_at_every_power_cut_catches_persistence_reported_before_the_fsync() {
     caught_within(Plant::Bug(Bug::PersistedBeforeSync), 10);
-    // Caught at the cut itself, from the broker's own durable image.
-    let report = run_seed(0, RunOptions { all_faults: false, plant: Some(Plant::Bug(Bug::PersistedBeforeSync)) });
-    assert!(
-        report.verdict.violations.iter().any(|v| v.message.contains("lost an entry it reported persisted")),
-        "{:?}",
-        report.verdict.violations
-    );
+    // Caught at the cut itself, from the broker's own durable image (on
+    // the first seeds: which one depends on the trace).
+    let at_the_cut = (0..10).find(|seed| {
+        let report =
+            run_seed(*seed, RunOptions { all_faults: false, plant: Some(Plant::Bug(Bug::PersistedBeforeSync)) });
+        report.verdict.violations.iter().any(|v| v.message.contains("lost an entry it reported persisted"))
+    });
+    assert!(at_the_cut.is_some(), "no seed of 0..10 caught the plant at a power cut");
 }
 
 #[test]
@@ -194,8 +195,9 @@ fn the_replay_check_catches_a_harness_that_keeps_state_across_runs() {
 #[test]
 fn shrinking_reduces_a_planted_failure_to_a_few_faults_and_the_minimum_replays_exactly() {
     let plant = Some(Plant::Bug(Bug::PersistedBeforeSync));
-    let scenario = scenario_for(0, RunOptions { all_faults: false, plant });
-    let shrunk = keel_sim::shrink::shrink(scenario.clone(), plant, 80, |_, _| {}).expect("seed 0 fails");
+    let seed = caught_within(Plant::Bug(Bug::PersistedBeforeSync), 10);
+    let scenario = scenario_for(seed, RunOptions { all_faults: false, plant });
+    let shrunk = keel_sim::shrink::shrink(scenario.clone(), plant, 80, |_, _| {}).expect("the seed fails");
     assert_eq!(shrunk.guarantee, Guarantee::G1);
     let faults: u64 = shrunk.report.faults.values().sum();
     assert!(faults <= 3, "{faults} faults left after {} runs: {:?}", shrunk.runs, shrunk.steps);
