@@ -541,10 +541,17 @@ pub const UNREACHABLE_BACKOFF_FIRST: Duration = Duration::from_millis(100);
 /// within this (its quiet groups wait on broker liveness, not on this).
 pub const UNREACHABLE_BACKOFF_MAX: Duration = Duration::from_millis(800);
 
+/// The pauses before each further try of an unreachable peer: doubling,
+/// then [`UNREACHABLE_BACKOFF_MAX`] for as long as it stays unreachable
+/// (capped as it goes: doubling on past the cap overflowed a `Duration`
+/// after 64 failures in a row and panicked the replication task).
+fn unreachable_pauses() -> impl Iterator<Item = Duration> + Send + 'static {
+    std::iter::successors(Some(UNREACHABLE_BACKOFF_FIRST), |pause| Some((*pause * 2).min(UNREACHABLE_BACKOFF_MAX)))
+}
+
 impl RaftNetwork<TypeConfig> for PeerClient {
     fn backoff(&self) -> Backoff {
-        let doubling = std::iter::successors(Some(UNREACHABLE_BACKOFF_FIRST), |pause| Some(*pause * 2));
-        Backoff::new(doubling.map(|pause| pause.min(UNREACHABLE_BACKOFF_MAX)))
+        Backoff::new(unreachable_pauses())
     }
 
     async fn append_entries(
@@ -845,6 +852,13 @@ pub const LIVENESS_GROUPS_MAX: usize = 1 << 20;
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn unreachable_pauses_double_to_their_cap_and_stay_there() {
+        let pauses: Vec<Duration> = super::unreachable_pauses().take(10_000).collect();
+        assert_eq!(pauses[..4], [100, 200, 400, 800].map(Duration::from_millis));
+        assert!(pauses[4..].iter().all(|p| *p == super::UNREACHABLE_BACKOFF_MAX));
+    }
+
     use super::*;
 
     struct NoGroups;
