@@ -385,6 +385,12 @@ impl GroupDirectory for Directory {
             Node { inner }.woken_by_entries(group);
         }
     }
+
+    fn heard_from(&self, peer: NodeId) {
+        if let Some(inner) = self.0.upgrade() {
+            Node { inner }.heard_from(peer);
+        }
+    }
 }
 
 /// A running broker node.

@@ -13,8 +13,8 @@
 //! election timer.
 //!
 //! Failure detection moves from the group to the broker: a follower that
-//! has neither heard its quiet leader's broker nor had an answer from it
-//! for [`LIVENESS_TIMEOUT`] starts
+//! has neither heard its quiet leader's broker (a liveness report or any
+//! Raft message) nor had an answer from it for [`LIVENESS_TIMEOUT`] starts
 //! the election timer of every group quiet under it again, each after its
 //! own delay within [`WAKE_SPREAD`] (so that a broker's death does not
 //! start all its groups' elections in the same instant); the timer, long
@@ -316,8 +316,17 @@ impl Node {
         }
     }
 
-    /// Whether a peer was heard lately: its liveness report arrived, or it
-    /// answered one of this broker's calls.
+    /// A Raft message from `peer` arrived: it is alive. Under load a
+    /// liveness report can be late behind thousands of Raft calls on the
+    /// same connection; those calls say as much. (Taking only the reports
+    /// let a restarted cluster of 10,000 partitions find its peers "down"
+    /// again and again, so that no group could go quiet.)
+    pub(super) fn heard_from(&self, peer: NodeId) {
+        self.inner.quiet.heard.lock().expect("heard").insert(peer, Instant::now());
+    }
+
+    /// Whether a peer was heard lately: its liveness report or a Raft
+    /// message from it arrived, or it answered one of this broker's calls.
     pub(super) fn peer_live(&self, peer: NodeId, now: Instant) -> bool {
         let heard = self.inner.quiet.heard.lock().expect("heard").get(&peer).copied();
         heard.is_some_and(|at| now.saturating_duration_since(at) < LIVENESS_TIMEOUT)

@@ -604,6 +604,10 @@ pub trait GroupDirectory: Send + Sync + 'static {
 
     /// A group running here appended entries from its leader.
     fn appended(&self, group: &GroupId);
+
+    /// A Raft message from `peer` arrived (authenticated): its broker is
+    /// alive, as its liveness report would say.
+    fn heard_from(&self, peer: NodeId);
 }
 
 /// The server side of the transport: routes each request to its group.
@@ -772,8 +776,12 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         let request = request.into_inner();
         let raft = self.group(&request)?;
         let append: AppendEntriesRequest<TypeConfig> = decode(&request)?;
-        self.check_sender(&certs, append.vote.leader_id().voted_for())?;
+        let sender = append.vote.leader_id().voted_for();
+        self.check_sender(&certs, sender)?;
         sane_append(&append)?;
+        if let Some(peer) = sender {
+            self.directory.heard_from(peer);
+        }
         let entries = !append.entries.is_empty();
         let result = raft.append_entries(append).await;
         if entries && result.is_ok() {
@@ -789,8 +797,12 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         let request = request.into_inner();
         let raft = self.group(&request)?;
         let vote: VoteRequest<NodeId> = decode(&request)?;
-        self.check_sender(&certs, vote.vote.leader_id().voted_for())?;
+        let sender = vote.vote.leader_id().voted_for();
+        self.check_sender(&certs, sender)?;
         sane_vote(&vote)?;
+        if let Some(peer) = sender {
+            self.directory.heard_from(peer);
+        }
         reply(&raft.vote(vote).await)
     }
 
@@ -875,6 +887,8 @@ mod tests {
         fn liveness(&self, _report: Liveness) {}
 
         fn appended(&self, _group: &GroupId) {}
+
+        fn heard_from(&self, _peer: NodeId) {}
 
         fn move_settled(&self, _report: MoveSettledReport) -> JoinFuture {
             Box::pin(async { Err(JoinRefusal::Refused("no".into())) })
