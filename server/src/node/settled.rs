@@ -7,17 +7,20 @@
 //! broker: apply fell minutes behind, reports timed out, were sent again
 //! and proposed again (31,000 to 34,000 entries for one topic).
 //!
-//! Here the metadata leader queues the reports it accepts, by topic, and
-//! one driver at a time proposes everything queued for a topic (at most
-//! [`SETTLED_REPORTS_MAX`] partitions) as one `MovesSettled`, then answers
-//! each report from that entry's outcome. While one entry commits, the next
-//! reports gather. A report already queued (the same partition and epoch)
-//! waits for the same entry instead of adding another.
+//! Here the metadata leader queues the reports it accepts, by topic. Each
+//! topic has at most one driver, which proposes everything queued for it
+//! (at most [`SETTLED_REPORTS_MAX`] partitions) as one `MovesSettled`, then
+//! answers each report by the metadata as applied. While one entry
+//! commits, the topic's next reports gather; topics do not wait for each
+//! other. A report already queued (the same partition and epoch) waits for
+//! the same entry instead of adding another.
 //!
 //! The queue is bounded by the partitions in the cluster: a partition's
-//! leader keeps at most one report in flight (`membership_changes`).
+//! leader keeps at most one report in flight (`membership_changes`), and a
+//! caller that gave up (its call timed out) is dropped from the queue when
+//! the same report comes again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use keel_core::metadata::{MetadataCommand, MetadataOutcome, SETTLED_REPORTS_MAX};
 use keel_core::PartitionIndex;
@@ -39,8 +42,8 @@ type Reports = BTreeMap<(u32, u64), Vec<Answer>>;
 #[derive(Default)]
 pub(super) struct Settling {
     queue: BTreeMap<Topic, Reports>,
-    /// Whether a driver is running (at most one).
-    driving: bool,
+    /// Topics with a driver running (at most one each).
+    driving: BTreeSet<Topic>,
 }
 
 impl Node {
@@ -48,29 +51,28 @@ impl Node {
     /// entry of its topic, and wait for that entry's outcome.
     pub(super) async fn settle_gathered(&self, report: MoveSettledReport) -> Result<(), JoinRefusal> {
         let (answer, outcome) = oneshot::channel();
+        let topic = (report.topic, report.topic_id);
         let start_driver = {
             let mut settling = self.inner.settling.lock().expect("settling");
-            settling
-                .queue
-                .entry((report.topic, report.topic_id))
-                .or_default()
-                .entry((report.partition, report.epoch))
-                .or_default()
-                .push(answer);
-            !std::mem::replace(&mut settling.driving, true)
+            let waiting =
+                settling.queue.entry(topic.clone()).or_default().entry((report.partition, report.epoch)).or_default();
+            waiting.retain(|earlier| !earlier.is_closed());
+            waiting.push(answer);
+            settling.driving.insert(topic.clone())
         };
         if start_driver {
             let node = self.clone();
-            self.spawn(async move { node.drive_settling().await });
+            self.spawn(async move { node.drive_settling(topic).await });
         }
         outcome.await.unwrap_or_else(|_| Err(JoinRefusal::Retry("the broker is stopping".into())))
     }
 
-    /// Propose what is queued, a topic's worth (bounded) per entry, until
-    /// the queue is empty.
-    async fn drive_settling(&self) {
+    /// Propose what is queued for `topic`, at most
+    /// [`SETTLED_REPORTS_MAX`] partitions per entry, until none is.
+    async fn drive_settling(&self, topic: Topic) {
         loop {
-            let Some(((topic, topic_id), reports)) = self.next_settled_batch() else { return };
+            let Some(reports) = self.next_settled_batch(&topic) else { return };
+            let (topic, topic_id) = topic.clone();
             let partitions = reports.keys().map(|(partition, epoch)| (PartitionIndex(*partition), *epoch)).collect();
             let command = MetadataCommand::MovesSettled { topic: topic.clone(), topic_id, partitions };
             let answer_all = |reports: Reports, result: Result<(), JoinRefusal>| {
@@ -79,9 +81,16 @@ impl Node {
                 }
             };
             match self.propose(&GroupId::Metadata, Command::Metadata(command)).await {
-                Ok(Response::Metadata(Ok(MetadataOutcome::MovesSettled { stale, .. }))) => {
+                Ok(Response::Metadata(Ok(MetadataOutcome::MovesSettled { .. }))) => {
+                    // Answered by the metadata as applied here, per epoch:
+                    // one entry may carry a partition under two epochs.
+                    let metadata = self.metadata();
+                    let info = keel_core::TopicName::new(&topic).ok().and_then(|name| metadata.topic(&name).cloned());
                     for ((partition, epoch), answers) in reports {
-                        let result = if stale.contains(&PartitionIndex(partition)) {
+                        let settled = info.as_ref().filter(|t| t.id == topic_id).is_some_and(|t| {
+                            t.partitions.get(partition as usize).is_some_and(|p| p.epoch == epoch && p.started)
+                        });
+                        let result = if !settled {
                             Err(JoinRefusal::Refused(format!(
                                 "the report on {topic}/{partition} (epoch {epoch}) is stale"
                             )))
@@ -104,12 +113,12 @@ impl Node {
         }
     }
 
-    /// Take the first queued topic's reports (at most
-    /// [`SETTLED_REPORTS_MAX`]), or stop driving if none are queued.
-    fn next_settled_batch(&self) -> Option<(Topic, Reports)> {
+    /// Take `topic`'s queued reports (at most [`SETTLED_REPORTS_MAX`]), or
+    /// stop driving it if none are queued.
+    fn next_settled_batch(&self, topic: &Topic) -> Option<Reports> {
         let mut settling = self.inner.settling.lock().expect("settling");
-        let Some((topic, mut reports)) = settling.queue.pop_first() else {
-            settling.driving = false;
+        let Some(mut reports) = settling.queue.remove(topic) else {
+            settling.driving.remove(topic);
             return None;
         };
         if reports.len() > SETTLED_REPORTS_MAX {
@@ -117,6 +126,6 @@ impl Node {
             let rest = reports.split_off(&split);
             settling.queue.insert(topic.clone(), rest);
         }
-        Some((topic, reports))
+        Some(reports)
     }
 }
