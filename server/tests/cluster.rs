@@ -25,21 +25,43 @@ fn append(producer: u64, sequence: u64, value: &str) -> Command {
     })
 }
 
-/// Start three brokers and place `topic` (one partition, three replicas).
+/// Start `brokers` brokers and wait until every one is registered.
+async fn registered_cluster(dir: &TempDir, brokers: u64, adjust: fn(&mut NodeConfig)) -> LocalCluster {
+    let cluster = LocalCluster::start(dir.path().to_path_buf(), brokers, adjust).await.unwrap();
+    cluster
+        .eventually("all brokers registered", DEADLINE, |c| {
+            c.node(1).unwrap().metadata().brokers().len() == brokers as usize
+        })
+        .await
+        .unwrap();
+    cluster
+}
+
+/// Create `topic` (replication factor 3) and wait until every live broker
+/// knows it.
+async fn create_topic(cluster: &LocalCluster, topic: &str, partitions: u32, retention: RetentionPolicy) {
+    let create = MetadataCommand::CreateTopic { topic: topic.into(), partitions, replication_factor: 3, retention };
+    let created = cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
+    assert!(matches!(created, Response::Metadata(Ok(MetadataOutcome::TopicCreated { .. }))), "{created:?}");
+    let name = TopicName::new(topic).unwrap();
+    cluster
+        .eventually("the topic on every live broker", DEADLINE, |c| {
+            c.live().all(|n| n.metadata().topic(&name).is_some())
+        })
+        .await
+        .unwrap();
+}
+
+/// Start three brokers and place `topic` (two partitions, three replicas);
+/// returns its partition 0 and that partition's group.
 async fn cluster_with_topic(
     dir: &TempDir,
     topic: &str,
     adjust: fn(&mut NodeConfig),
     retention: RetentionPolicy,
 ) -> (LocalCluster, TopicPartition, GroupId) {
-    let cluster = LocalCluster::start(dir.path().to_path_buf(), 3, adjust).await.unwrap();
-    cluster
-        .eventually("all brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 3)
-        .await
-        .unwrap();
-    let create = MetadataCommand::CreateTopic { topic: topic.into(), partitions: 2, replication_factor: 3, retention };
-    let created = cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
-    assert!(matches!(created, Response::Metadata(Ok(MetadataOutcome::TopicCreated { .. }))), "{created:?}");
+    let cluster = registered_cluster(dir, 3, adjust).await;
+    create_topic(&cluster, topic, 2, retention).await;
     let partition = TopicPartition::new(TopicName::new(topic).unwrap(), PartitionIndex(0));
     cluster
         .eventually("topic known to broker 1", DEADLINE, |c| c.node(1).unwrap().partition_group(&partition).is_some())
@@ -400,33 +422,15 @@ async fn new_groups_elect_in_waves_on_their_preferred_leader_and_a_full_restart_
     let dir = TempDir::new().unwrap();
     // Small waves: three debug-built brokers share one process here.
     const WAVE: usize = 8;
-    let mut cluster =
-        LocalCluster::start(dir.path().to_path_buf(), 3, |config| config.wave_groups = WAVE).await.unwrap();
-    cluster
-        .eventually("all brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 3)
-        .await
-        .unwrap();
+    let mut cluster = registered_cluster(&dir, 3, |config| config.wave_groups = WAVE).await;
     // 20 preferred per broker: three waves each.
     let partitions = 3 * 20;
-    let create = MetadataCommand::CreateTopic {
-        topic: "waves".into(),
-        partitions,
-        replication_factor: 3,
-        retention: RetentionPolicy::default(),
-    };
-    let created = cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
-    assert!(matches!(created, Response::Metadata(Ok(MetadataOutcome::TopicCreated { .. }))), "{created:?}");
-    cluster
-        .eventually("the topic on every broker", DEADLINE, |c| {
-            c.live().all(|n| n.metadata().topic(&TopicName::new("waves").unwrap()).is_some())
-        })
-        .await
-        .unwrap();
     let metadata_index = |c: &LocalCluster| {
         let node = c.node(1).unwrap();
         node.raft(&GroupId::Metadata).unwrap().metrics().borrow().last_log_index.unwrap_or(0)
     };
     let index_at_create = metadata_index(&cluster);
+    create_topic(&cluster, "waves", partitions, RetentionPolicy::default()).await;
     let started = tokio::time::Instant::now();
     let mut most_electing = 0;
     loop {
@@ -509,27 +513,10 @@ fn awake_groups(node: &Node) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn groups_whose_preferred_leader_is_down_at_creation_elect_without_it() {
     let dir = TempDir::new().unwrap();
-    let mut cluster = LocalCluster::start(dir.path().to_path_buf(), 3, |_| {}).await.unwrap();
-    cluster
-        .eventually("all brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 3)
-        .await
-        .unwrap();
+    let mut cluster = registered_cluster(&dir, 3, |_| {}).await;
     let down = 3;
     cluster.stop(down).await;
-    let create = MetadataCommand::CreateTopic {
-        topic: "late".into(),
-        partitions: 6,
-        replication_factor: 3,
-        retention: RetentionPolicy::default(),
-    };
-    let created = cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
-    assert!(matches!(created, Response::Metadata(Ok(MetadataOutcome::TopicCreated { .. }))), "{created:?}");
-    cluster
-        .eventually("the topic on the live brokers", DEADLINE, |c| {
-            c.live().all(|n| n.metadata().topic(&TopicName::new("late").unwrap()).is_some())
-        })
-        .await
-        .unwrap();
+    create_topic(&cluster, "late", 6, RetentionPolicy::default()).await;
     let all_led = |c: &LocalCluster| leaders(c, "late").iter().all(|(_, led)| led.is_some());
     cluster.eventually("every partition led without broker 3", DEADLINE, all_led).await.unwrap();
     let orphaned: Vec<usize> =
@@ -585,18 +572,8 @@ async fn replication_to_a_broker_that_is_down_backs_off() {
 async fn a_replica_moved_off_while_its_broker_was_down_stops_when_it_is_back() {
     use keel_core::BrokerId;
     let dir = TempDir::new().unwrap();
-    let mut cluster = LocalCluster::start(dir.path().to_path_buf(), 4, |_| {}).await.unwrap();
-    cluster
-        .eventually("all brokers registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 4)
-        .await
-        .unwrap();
-    let create = MetadataCommand::CreateTopic {
-        topic: "moved".into(),
-        partitions: 1,
-        replication_factor: 3,
-        retention: RetentionPolicy::default(),
-    };
-    cluster.propose(&GroupId::Metadata, Command::Metadata(create), DEADLINE).await.unwrap();
+    let mut cluster = registered_cluster(&dir, 4, |_| {}).await;
+    create_topic(&cluster, "moved", 1, RetentionPolicy::default()).await;
     let name = TopicName::new("moved").unwrap();
     let placement = |c: &LocalCluster| {
         let node = c.live().next().unwrap();
