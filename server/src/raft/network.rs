@@ -416,17 +416,10 @@ impl PeerClient {
             Ok(result) => result,
             Err(_) => Err(TransportError::TimedOut),
         };
-        let timed_out = match &result {
-            Err(TransportError::TimedOut) => true,
-            Err(TransportError::Status(status)) => status.code() == tonic::Code::DeadlineExceeded,
-            _ => false,
-        };
         // A call timed out and nothing else came back from the peer lately:
         // its connection may be dead without knowing it (a partition drops
-        // packets; TCP retransmits with back-off). (One slow call among
-        // answered ones says nothing of the connection.)
-        let silent = self.peers.since_answer(self.target).is_none_or(|since| since > crate::node::KEEPALIVE_TIMEOUT);
-        if timed_out && silent {
+        // packets; TCP retransmits with back-off).
+        if result.as_ref().err().is_some_and(|e| timed_out(e) && self.silent()) {
             self.peers.forget_channel(&self.address);
         }
         if !matches!(result, Err(TransportError::Resting)) {
@@ -434,11 +427,7 @@ impl PeerClient {
         }
         match &result {
             Ok(_) => self.peers.reached(self.target),
-            Err(error @ TransportError::Status(status)) if status.code() == tonic::Code::Unavailable => {
-                self.peers.unreachable(self.target, &self.address, error)
-            }
-            Err(error @ TransportError::Resting) => self.peers.unreachable(self.target, &self.address, error),
-            Err(error) if timed_out && silent => self.peers.unreachable(self.target, &self.address, error),
+            Err(error) if self.unreachable(error) => self.peers.unreachable(self.target, &self.address, error),
             Err(_) => {}
         }
         let mut resting = self.peers.resting.lock().expect("resting peers");
@@ -509,16 +498,29 @@ impl PeerClient {
 
     /// Whether a failed call says the peer cannot be reached now (rather
     /// than that this one call failed): it could not be connected to, or
-    /// it timed out with nothing heard from the peer lately.
+    /// it timed out with nothing heard from the peer lately. One answer
+    /// for the peer's health report and for openraft's back-off.
     fn unreachable(&self, error: &TransportError) -> bool {
         match error {
             TransportError::Resting => true,
-            TransportError::Status(status) => status.code() == tonic::Code::Unavailable,
-            TransportError::TimedOut => {
-                self.peers.since_answer(self.target).is_none_or(|since| since > crate::node::KEEPALIVE_TIMEOUT)
-            }
-            _ => false,
+            TransportError::Status(status) if status.code() == tonic::Code::Unavailable => true,
+            error => timed_out(error) && self.silent(),
         }
+    }
+
+    /// Nothing came back from the peer lately (one slow call among
+    /// answered ones says nothing of the connection).
+    fn silent(&self) -> bool {
+        self.peers.since_answer(self.target).is_none_or(|since| since > crate::node::KEEPALIVE_TIMEOUT)
+    }
+}
+
+/// Whether a call ran out of time (here, or by the peer's deadline).
+fn timed_out(error: &TransportError) -> bool {
+    match error {
+        TransportError::TimedOut => true,
+        TransportError::Status(status) => status.code() == tonic::Code::DeadlineExceeded,
+        _ => false,
     }
 }
 
