@@ -232,6 +232,8 @@ pub enum Route {
     Metadata,
     /// A partition's leader.
     Partition(String, u32),
+    /// This broker first, then any (a poll of the partitions it leads).
+    Broker(String),
     /// Any broker.
     Any,
 }
@@ -310,6 +312,20 @@ fn hinted_addresses(status: &Status, key: &str) -> Vec<String> {
         .filter_map(|entry| entry.split_once('@').map(|(_, address)| address.to_string()))
         .filter(|a| !a.is_empty())
         .collect()
+}
+
+/// Where a refusal from `answered` says to go instead: the leader it
+/// names, or else a replica other than `answered` (which may be listed
+/// while a move adds it, before it runs the group).
+pub(crate) fn hinted_leader(status: &Status, answered: &str) -> Option<String> {
+    let replicas = hinted_addresses(status, "keel-replicas").into_iter().filter(|address| address != answered);
+    hinted_addresses(status, "keel-leader").into_iter().chain(replicas).next()
+}
+
+/// Whether a refusal is one to wait out and ask again (an election, a
+/// broker behind, a busy broker).
+pub(crate) fn passing(status: &Status) -> bool {
+    matches!(next_step(status), Next::Backoff)
 }
 
 fn next_step(status: &Status) -> Next {
@@ -459,8 +475,10 @@ impl Client {
     /// Addresses to try for `route`, best first.
     fn candidates(&self, route: &Route) -> Vec<String> {
         let mut candidates = Vec::new();
-        if let Some(leader) = self.inner.leaders.lock().expect("leaders").get(route) {
-            candidates.push(leader.clone());
+        if let Route::Broker(address) = route {
+            candidates.push(address.clone());
+        } else if let Some(leader) = self.leader(route) {
+            candidates.push(leader);
         }
         for broker in self.inner.brokers.lock().expect("brokers").iter() {
             if !candidates.contains(broker) {
@@ -470,8 +488,19 @@ impl Client {
         candidates
     }
 
-    fn learn(&self, route: &Route, address: &str) {
-        if *route != Route::Any {
+    /// The last known leader of `route`, if any.
+    pub(crate) fn leader(&self, route: &Route) -> Option<String> {
+        self.inner.leaders.lock().expect("leaders").get(route).cloned()
+    }
+
+    /// Forget the leader of `route`: the next request asks any broker.
+    pub(crate) fn forget(&self, route: &Route) {
+        self.inner.leaders.lock().expect("leaders").remove(route);
+    }
+
+    /// Remember `address` as the leader of `route` (and as a broker).
+    pub(crate) fn learn(&self, route: &Route, address: &str) {
+        if matches!(route, Route::Partition(..) | Route::Metadata) {
             self.inner.leaders.lock().expect("leaders").insert(route.clone(), address.to_string());
         }
         let mut brokers = self.inner.brokers.lock().expect("brokers");
@@ -499,12 +528,26 @@ impl Client {
         F: Fn(Api) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
+        Ok(self.attempts(route, wait, |_, client| request(client)).await?.0)
+    }
+
+    /// [`Client::call_waiting`], also saying which broker answered.
+    pub(crate) async fn call_answered<T, F, Fut>(
+        &self,
+        route: Route,
+        wait: Duration,
+        request: F,
+    ) -> Result<(T, String), ClientError>
+    where
+        F: Fn(Api) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
         self.attempts(route, wait, |_, client| request(client)).await
     }
 
     /// The retry loop of [`Client::call_waiting`]; `request` is also told
     /// the address it is sent to.
-    async fn attempts<T, F, Fut>(&self, route: Route, wait: Duration, request: F) -> Result<T, ClientError>
+    async fn attempts<T, F, Fut>(&self, route: Route, wait: Duration, request: F) -> Result<(T, String), ClientError>
     where
         F: Fn(&str, Api) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -544,7 +587,7 @@ impl Client {
             match attempt {
                 Ok(response) => {
                     self.learn(&route, &address);
-                    return Ok(response.into_inner());
+                    return Ok((response.into_inner(), address));
                 }
                 Err(status) => {
                     last = format!("{address}: {}: {}", status.code(), status.message());
@@ -933,6 +976,7 @@ impl Client {
             async move { self.inner.produce_streams.produce(&address, client, request).await }
         })
         .await
+        .map(|(answer, _)| answer)
     }
 
     /// Read committed records of one partition from any replica.

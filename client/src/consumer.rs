@@ -7,7 +7,11 @@ use std::time::Duration;
 use keel_proto::v1 as pb;
 use tonic::Code;
 
-use crate::client::{Client, ClientError, Route, FENCED_METADATA};
+use crate::client::{hinted_leader, passing, Client, ClientError, Route, FENCED_METADATA};
+
+/// How long a poll that delivered nothing and had a partition refused
+/// (an election, a broker behind, a leader hint) pauses before it returns.
+const REFUSED_PAUSE: Duration = Duration::from_millis(100);
 
 /// One record as a member receives it.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,8 +36,11 @@ pub struct Consumer {
     /// this member id a newer epoch than the one held here.
     join_uncertain: bool,
     partitions: Vec<pb::TopicPartition>,
-    /// Round-robin over the assignment.
-    next_partition: usize,
+    /// Round-robin over the brokers leading the assignment.
+    next_batch: usize,
+    /// Whether the last poll was told to rejoin and could not: the next
+    /// poll rejoins first.
+    rejoin_pending: bool,
     last_heartbeat: tokio::time::Instant,
     /// Why this member lost its place since the caller last looked: fenced
     /// on a partition, or removed from the group (see [`Consumer::take_notices`]).
@@ -43,8 +50,9 @@ pub struct Consumer {
     /// position, and records already handed on in this session are not
     /// handed on again (G3: offsets strictly increase within a session).
     session_next: BTreeMap<(String, u32), u64>,
-    /// The partition and generation of the last poll, if it succeeded.
-    last_polled: Option<(pb::TopicPartition, u64)>,
+    /// The partitions the last poll served, with the generation: this
+    /// member's claims on them.
+    last_polled: Vec<(pb::TopicPartition, u64)>,
 }
 
 impl Consumer {
@@ -68,8 +76,9 @@ impl Consumer {
             partitions: Vec::new(),
             notices: Vec::new(),
             session_next: BTreeMap::new(),
-            last_polled: None,
-            next_partition: 0,
+            last_polled: Vec::new(),
+            next_batch: 0,
+            rejoin_pending: false,
             last_heartbeat: tokio::time::Instant::now(),
         };
         consumer.rejoin().await?;
@@ -92,10 +101,10 @@ impl Consumer {
         std::mem::take(&mut self.notices)
     }
 
-    /// The partition and generation of the last poll, if it succeeded
-    /// (with or without records): this member's claim on that partition.
-    pub fn last_polled(&self) -> Option<(&pb::TopicPartition, u64)> {
-        self.last_polled.as_ref().map(|(p, g)| (p, *g))
+    /// The partitions the last poll served (with or without records), with
+    /// the generation: this member's claims on them.
+    pub fn last_polled(&self) -> &[(pb::TopicPartition, u64)] {
+        &self.last_polled
     }
 
     /// The partitions assigned to this member.
@@ -120,6 +129,7 @@ impl Consumer {
             .await;
         self.join_uncertain = joined.is_err();
         let joined = joined?;
+        self.rejoin_pending = false;
         self.member_epoch = joined.member_epoch;
         if joined.generation != self.generation {
             // A new session: the new generation's reads start afresh.
@@ -187,87 +197,175 @@ impl Consumer {
         }
     }
 
-    /// Poll the next assigned partition (round-robin), waiting up to
+    /// Poll the assigned partitions led by the next broker (round-robin
+    /// over the brokers leading them), in one request, waiting up to
     /// `max_wait` for records. Rejoins on a rebalance or a fence.
     pub async fn poll(&mut self, max_records: u32, max_wait: Duration) -> Result<Vec<Delivery>, ClientError> {
-        self.last_polled = None;
+        self.last_polled.clear();
+        if self.rejoin_pending {
+            self.rejoin().await?;
+        }
         self.heartbeat_if_due().await?;
         if self.partitions.is_empty() {
             tokio::time::sleep(max_wait).await;
             return Ok(Vec::new());
         }
-        let slot = self.next_partition % self.partitions.len();
-        self.next_partition = self.next_partition.wrapping_add(1);
-        let assigned = self.partitions[slot].clone();
-        // Spread the wait over the assignment so no partition starves.
-        let wait = max_wait / self.partitions.len() as u32;
-        let slot = (assigned.topic.clone(), assigned.partition);
-        // Where this session is: a reply lost on the way is read again.
-        let offset = self.session_next.get(&slot).copied();
-        #[cfg(madsim)]
-        let offset = offset.filter(|_| !keel_core::planted::is_planted(keel_core::planted::Bug::ConsumerNoOrderFilter));
-        let request = pb::PollRequest {
+        let batches = self.batches();
+        // Spread the wait over the brokers so that none starves.
+        let wait = max_wait / batches.len() as u32;
+        let (slot, round) = (self.next_batch % batches.len(), self.next_batch / batches.len());
+        self.next_batch = self.next_batch.wrapping_add(1);
+        let (leader, mut batch) = batches.into_iter().nth(slot).expect("a batch in range");
+        // The record budget is filled in the order asked: rotate it each
+        // round so that no partition always comes last.
+        let first = round % batch.len();
+        batch.rotate_left(first);
+        let request = pb::PollPartitionsRequest {
             group: self.group.clone(),
             member: self.member.clone(),
             generation: self.generation,
-            topic: assigned.topic.clone(),
-            partition: assigned.partition,
+            member_epoch: self.member_epoch,
+            partitions: batch
+                .iter()
+                .map(|assigned| pb::PollPartition {
+                    topic: assigned.topic.clone(),
+                    partition: assigned.partition,
+                    offset: self.session_offset(assigned),
+                    topic_id: (assigned.topic_id != 0).then_some(assigned.topic_id),
+                })
+                .collect(),
             max_records,
             max_bytes: 0,
             max_wait_ms: wait.as_millis() as u64,
-            offset,
-            member_epoch: self.member_epoch,
-            topic_id: (assigned.topic_id != 0).then_some(assigned.topic_id),
         };
-        let route = Route::Partition(assigned.topic.clone(), assigned.partition);
-        match self
+        let route = leader.map_or(Route::Any, Route::Broker);
+        let (response, answered) = self
             .client
-            .call_waiting(route, wait, |mut c| {
+            .call_answered(route, wait, |mut c| {
                 let r = request.clone();
-                async move { c.poll(r).await }
+                async move { c.poll_partitions(r).await }
             })
-            .await
-        {
-            Ok(response) => {
-                self.last_polled = Some((assigned.clone(), self.generation));
-                let next = self.session_next.get(&slot).copied().unwrap_or(0);
-                if response.high_watermark < next {
-                    // A log shorter than this session has read is a new log
-                    // (its topic was deleted and created again): read it
-                    // from the group's position next time.
-                    self.session_next.remove(&slot);
-                    return Ok(Vec::new());
-                }
-                #[cfg(madsim)]
-                let next = if keel_core::planted::is_planted(keel_core::planted::Bug::ConsumerNoOrderFilter) {
-                    0
-                } else {
-                    next
-                };
-                let records: Vec<_> = response.records.into_iter().filter(|r| r.offset >= next).collect();
-                if let Some(last) = records.last() {
-                    self.session_next.insert(slot, last.offset + 1);
-                }
-                Ok(records
-                    .into_iter()
-                    .map(|record| Delivery { topic: assigned.topic.clone(), partition: assigned.partition, record })
-                    .collect())
+            .await?;
+        let mut polled = Vec::with_capacity(batch.len());
+        let (mut fenced, mut moved, mut refused, mut any_refused) = (None, None, None, false);
+        for (assigned, answer) in batch.into_iter().zip(response.partitions) {
+            if answer.topic != assigned.topic || answer.partition != assigned.partition {
+                continue;
             }
-            Err(ClientError::Refused(status)) if status.code() == Code::Aborted => {
-                self.notices.push(format!("poll refused, fenced: {}; rejoining", status.message()));
-                self.rejoin().await?;
-                Ok(Vec::new())
+            let route = Route::Partition(assigned.topic.clone(), assigned.partition);
+            let Some(refusal) = answer.refused else {
+                self.client.learn(&route, &answered);
+                polled.push((assigned, answer.records, answer.high_watermark));
+                continue;
+            };
+            any_refused = true;
+            let status = refusal.into_status();
+            if status.metadata().get(FENCED_METADATA).is_some() {
+                fenced.get_or_insert(status);
+            } else if matches!(status.code(), Code::Aborted | Code::NotFound) {
+                // Fenced by a newer generation, or the topic was deleted
+                // under the assignment (the group goes on with the topics
+                // that exist): rejoin.
+                moved.get_or_insert(status);
+            } else if let Some(leader) = hinted_leader(&status, &answered) {
+                self.client.learn(&route, &leader);
+            } else if passing(&status) {
+                // Between leaders, or the broker is behind: ask any broker
+                // next time, in case the one asked no longer leads.
+                self.client.forget(&route);
+            } else {
+                refused.get_or_insert(status);
             }
-            Err(ClientError::Refused(status)) if status.code() == Code::NotFound => {
-                // The topic was deleted under the assignment: the group goes
-                // on with the topics that exist.
-                self.notices.push(format!("{}; rejoining", status.message()));
-                self.rejoin().await?;
-                Ok(Vec::new())
-            }
-            Err(ClientError::Refused(status)) if self.fenced_member(&status).await? => Ok(Vec::new()),
-            Err(error) => Err(error),
         }
+        if let Some(status) = fenced {
+            self.fenced_member(&status).await?;
+            return Ok(Vec::new());
+        }
+        if let Some(status) = refused {
+            if polled.is_empty() {
+                return Err(ClientError::Refused(status));
+            }
+            // The others are served; this one is reported.
+            self.notices.push(format!("poll refused: {} ({:?})", status.message(), status.code()));
+        }
+        let mut deliveries = Vec::new();
+        for (assigned, records, high_watermark) in polled {
+            deliveries.extend(self.accept(&assigned, records, high_watermark));
+            self.last_polled.push((assigned, self.generation));
+        }
+        if let Some(status) = moved {
+            self.notices.push(format!("poll refused: {}; rejoining", status.message()));
+            if deliveries.is_empty() {
+                self.rejoin().await?;
+            } else {
+                // Hand on what was read, acknowledged under this join; the
+                // next poll rejoins first.
+                self.rejoin_pending = true;
+            }
+        }
+        if any_refused && deliveries.is_empty() {
+            // Ask again after a pause, not at once: brokers between leaders
+            // or pointing at each other must not be polled in a tight loop.
+            tokio::time::sleep(REFUSED_PAUSE).await;
+        }
+        Ok(deliveries)
+    }
+
+    /// The assignment split into polls: per broker known to lead them, and
+    /// those whose leader is not known yet (asked of any broker, which
+    /// names the leaders). At most [`keel_proto::POLL_PARTITIONS_MAX`] in each.
+    fn batches(&self) -> Vec<(Option<String>, Vec<pb::TopicPartition>)> {
+        let mut by_leader: BTreeMap<Option<String>, Vec<pb::TopicPartition>> = BTreeMap::new();
+        for assigned in &self.partitions {
+            let leader = self.client.leader(&Route::Partition(assigned.topic.clone(), assigned.partition));
+            by_leader.entry(leader).or_default().push(assigned.clone());
+        }
+        let mut batches = Vec::new();
+        for (leader, partitions) in by_leader {
+            for chunk in partitions.chunks(keel_proto::POLL_PARTITIONS_MAX) {
+                batches.push((leader.clone(), chunk.to_vec()));
+            }
+        }
+        batches
+    }
+
+    /// Where this session is on a partition: a reply lost on the way is
+    /// read again.
+    fn session_offset(&self, assigned: &pb::TopicPartition) -> Option<u64> {
+        let offset = self.session_next.get(&(assigned.topic.clone(), assigned.partition)).copied();
+        #[cfg(madsim)]
+        let offset = offset.filter(|_| !keel_core::planted::is_planted(keel_core::planted::Bug::ConsumerNoOrderFilter));
+        offset
+    }
+
+    /// The records of one partition's answer this session has not handed
+    /// on yet, in order.
+    fn accept(
+        &mut self,
+        assigned: &pb::TopicPartition,
+        records: Vec<pb::StoredRecord>,
+        high_watermark: u64,
+    ) -> Vec<Delivery> {
+        let slot = (assigned.topic.clone(), assigned.partition);
+        let next = self.session_next.get(&slot).copied().unwrap_or(0);
+        if high_watermark < next {
+            // A log shorter than this session has read is a new log (its
+            // topic was deleted and created again): read it from the
+            // group's position next time.
+            self.session_next.remove(&slot);
+            return Vec::new();
+        }
+        #[cfg(madsim)]
+        let next =
+            if keel_core::planted::is_planted(keel_core::planted::Bug::ConsumerNoOrderFilter) { 0 } else { next };
+        let records: Vec<_> = records.into_iter().filter(|r| r.offset >= next).collect();
+        if let Some(last) = records.last() {
+            self.session_next.insert(slot, last.offset + 1);
+        }
+        records
+            .into_iter()
+            .map(|record| Delivery { topic: assigned.topic.clone(), partition: assigned.partition, record })
+            .collect()
     }
 
     /// Commit everything up to and including `offset` on a partition.

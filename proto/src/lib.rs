@@ -9,6 +9,10 @@
 //! real tonic code and the simulated one. No logic lives here: validation is
 //! in `keel-server`, state machines in `keel-core`.
 
+/// Most partitions one PollPartitions request may name: a member with more
+/// sends more requests.
+pub const POLL_PARTITIONS_MAX: usize = 1024;
+
 /// The encoded descriptors of every keel service, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/keel_descriptor.bin"));
 
@@ -25,9 +29,10 @@ pub mod raft {
     tonic::include_proto!("keel.raft");
 }
 
-/// A status refused inside a ProduceStream travels as a message: these keep
-/// its code, message and ASCII metadata (the leader and retry hints).
-impl From<&tonic::Status> for v1::ProduceStreamError {
+/// A status refused inside a reply (a ProduceStream answer, one partition
+/// of a PollPartitions) travels as a message: these keep its code, message
+/// and ASCII metadata (the leader and retry hints).
+impl From<&tonic::Status> for v1::Refusal {
     fn from(status: &tonic::Status) -> Self {
         let metadata = status
             .metadata()
@@ -39,11 +44,11 @@ impl From<&tonic::Status> for v1::ProduceStreamError {
                 tonic::metadata::KeyAndValueRef::Binary(..) => None,
             })
             .collect();
-        v1::ProduceStreamError { code: status.code() as i32, message: status.message().to_string(), metadata }
+        v1::Refusal { code: status.code() as i32, message: status.message().to_string(), metadata }
     }
 }
 
-impl v1::ProduceStreamError {
+impl v1::Refusal {
     /// The status this error stands for.
     pub fn into_status(self) -> tonic::Status {
         let mut metadata = tonic::metadata::MetadataMap::new();
@@ -60,20 +65,20 @@ impl v1::ProduceStreamError {
 
 #[cfg(test)]
 mod tests {
-    use super::v1::ProduceStreamError;
+    use super::v1::Refusal;
 
     #[test]
     fn a_status_survives_the_trip_through_a_stream_error() {
         let mut status = tonic::Status::failed_precondition("not the leader");
         status.metadata_mut().insert("keel-leader", "2@10.0.0.2:7000".parse().unwrap());
         status.metadata_mut().insert("keel-retry-after-ms", "100".parse().unwrap());
-        let back = ProduceStreamError::from(&status).into_status();
+        let back = Refusal::from(&status).into_status();
         assert_eq!(back.code(), tonic::Code::FailedPrecondition);
         assert_eq!(back.message(), "not the leader");
         assert_eq!(back.metadata().get("keel-leader").unwrap(), "2@10.0.0.2:7000");
         assert_eq!(back.metadata().get("keel-retry-after-ms").unwrap(), "100");
         // A code this version does not know stays a failure, never OK.
-        let unknown = ProduceStreamError { code: 99, ..Default::default() }.into_status();
+        let unknown = Refusal { code: 99, ..Default::default() }.into_status();
         assert_eq!(unknown.code(), tonic::Code::Unknown);
     }
 }

@@ -144,7 +144,13 @@ async fn a_long_poll_outlives_the_request_timeout_and_claims_go_with_their_topic
     };
     let impatient = Client::new(addresses, short).unwrap();
     let mut member = Consumer::join(impatient, "waiters", "w", vec!["jobs".into()], 10_000).await.unwrap();
-    // Four partitions: each poll waits a quarter of this on one of them.
+    // Learn the partitions' leaders: a poll that names a partition its
+    // broker does not lead is answered at once, with the leader.
+    for _ in 0..4 {
+        member.poll(10, Duration::from_millis(100)).await.unwrap();
+    }
+    // Each poll waits its share of this (a third at most: three brokers
+    // lead the four partitions) on the partitions one broker leads.
     let started = tokio::time::Instant::now();
     let polled = member.poll(10, Duration::from_secs(8)).await;
     assert!(matches!(&polled, Ok(records) if records.is_empty()), "{polled:?}");
@@ -159,4 +165,197 @@ async fn a_long_poll_outlives_the_request_timeout_and_claims_go_with_their_topic
         })
         .await
         .unwrap();
+}
+
+/// One poll serves every assigned partition its broker leads: an idle
+/// member keeps one poll going per broker, not one per partition (issue
+/// #12: idle consumers must cost almost nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_poll_serves_every_partition_its_broker_leads() {
+    let dir = TempDir::new().unwrap();
+    let (mut cluster, client) = cluster_with_topic(&dir).await;
+    let mut producer = Producer::new(client.clone(), 0).await.unwrap();
+    for partition in 0..4 {
+        producer.send_to("jobs", partition, vec![record(format!("job-{partition}"))]).await.unwrap();
+    }
+    let mut member = Consumer::join(client.clone(), "workers", "m", vec!["jobs".into()], 10_000).await.unwrap();
+    let mut seen = BTreeSet::new();
+    let mut polls = 0;
+    while seen.len() < 4 {
+        let got = member.poll(100, Duration::from_millis(300)).await.unwrap();
+        polls += 1;
+        let served: BTreeSet<u32> = member.last_polled().iter().map(|(p, _)| p.partition).collect();
+        for delivery in &got {
+            assert!(served.contains(&delivery.partition), "a delivery from a partition the poll did not serve");
+        }
+        seen.extend(got.into_iter().map(|d| d.partition));
+        assert!(polls <= 10, "four records not delivered in {polls} polls: {seen:?}");
+    }
+    // The producer taught the client every leader: one poll per broker
+    // leading a partition delivers all four (one per partition would take
+    // four).
+    assert!(polls <= 3, "{polls} polls for four partitions on three brokers");
+    member.leave().await.unwrap();
+    cluster.shutdown().await;
+}
+
+/// PollPartitions answers each partition on its own: one not led here, not
+/// the member's or deleted is refused with what a Poll of it alone would
+/// have said, and the others are still served. The request is bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_of_many_partitions_answers_each_and_is_bounded() {
+    let dir = TempDir::new().unwrap();
+    let (mut cluster, client) = cluster_with_topic(&dir).await;
+    let mut producer = Producer::new(client.clone(), 0).await.unwrap();
+    producer.send_to("jobs", 0, vec![record("first".into())]).await.unwrap();
+    let a = Consumer::join(client.clone(), "workers", "a", vec!["jobs".into()], 10_000).await.unwrap();
+    let wanted = |topic: &str, partition: u32| pb::PollPartition {
+        topic: topic.into(),
+        partition,
+        offset: None,
+        topic_id: None,
+    };
+    let request = |partitions: Vec<pb::PollPartition>, generation: u64| pb::PollPartitionsRequest {
+        group: "workers".into(),
+        member: "a".into(),
+        generation,
+        member_epoch: a.member_epoch(),
+        partitions,
+        max_records: 10,
+        max_bytes: 0,
+        max_wait_ms: 200,
+    };
+    let poll = |request: pb::PollPartitionsRequest| {
+        let client = client.clone();
+        async move {
+            // Sent to partition 0's leader (the producer taught the client).
+            client
+                .call(keel_client::Route::Partition("jobs".into(), 0), |mut c| {
+                    let r = request.clone();
+                    async move { c.poll_partitions(r).await }
+                })
+                .await
+        }
+    };
+
+    let mut all = (0..4).map(|p| wanted("jobs", p)).collect::<Vec<_>>();
+    all.push(wanted("missing", 0));
+    // Broker by broker, the group is known once the join is applied there:
+    // until then a partition is refused UNAVAILABLE ("retry shortly").
+    let started = tokio::time::Instant::now();
+    let answer = loop {
+        let answer = poll(request(all.clone(), a.generation())).await.unwrap();
+        let behind =
+            answer.partitions.iter().any(|p| p.refused.as_ref().is_some_and(|r| r.code == Code::Unavailable as i32));
+        if !behind || started.elapsed() > DEADLINE {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let named: Vec<(String, u32)> = answer.partitions.iter().map(|p| (p.topic.clone(), p.partition)).collect();
+    let mut expected: Vec<(String, u32)> = (0..4).map(|p| ("jobs".to_string(), p)).collect();
+    expected.push(("missing".into(), 0));
+    assert_eq!(named, expected, "one answer per partition, in the order asked");
+    let first = &answer.partitions[0];
+    assert!(first.refused.is_none(), "{first:?}");
+    assert_eq!(first.records.len(), 1);
+    assert_eq!(first.high_watermark, 1);
+    let missing = answer.partitions[4].refused.as_ref().expect("a partition of no topic is refused");
+    // Not found, or (from a broker that does not lead the metadata) sent on
+    // to the metadata leader to say so for certain.
+    assert!(missing.message.contains("does not exist"), "{missing:?}");
+    assert!(matches!(Code::from_i32(missing.code), Code::NotFound | Code::FailedPrecondition), "{missing:?}");
+    for other in &answer.partitions[1..4] {
+        // Served here, or refused naming where to go instead.
+        if let Some(refused) = &other.refused {
+            assert_eq!(Code::from_i32(refused.code), Code::FailedPrecondition, "{refused:?}");
+            assert!(refused.metadata.keys().any(|k| k.starts_with("keel-")), "{refused:?}");
+            assert!(other.records.is_empty());
+        }
+    }
+
+    // A member of an older generation is refused (in the partition's answer,
+    // not for the whole request).
+    let b = Consumer::join(client.clone(), "workers", "b", vec!["jobs".into()], 10_000).await.unwrap();
+    assert!(b.generation() > a.generation());
+    let answer = poll(request(vec![wanted("jobs", 0)], a.generation())).await.unwrap();
+    let fenced = answer.partitions[0].refused.as_ref().expect("an old generation is fenced");
+    assert_eq!(Code::from_i32(fenced.code), Code::Aborted, "{fenced:?}");
+
+    // Bounded, and each partition named once.
+    let refused = |answer: Result<pb::PollPartitionsResponse, ClientError>| match answer {
+        Err(ClientError::Refused(status)) => (status.code(), status.message().to_string()),
+        other => panic!("not refused: {other:?}"),
+    };
+    let too_many = (0..1025).map(|p| wanted("jobs", p)).collect();
+    let (code, message) = refused(poll(request(too_many, b.generation())).await);
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(message.contains("at most 1024"), "{message}");
+    let (code, message) = refused(poll(request(vec![wanted("jobs", 1), wanted("jobs", 1)], b.generation())).await);
+    assert_eq!(code, Code::InvalidArgument);
+    assert!(message.contains("named twice"), "{message}");
+    cluster.shutdown().await;
+}
+
+/// The record and byte budgets of a PollPartitions are shared by its
+/// partitions, filled in the order asked (one broker leads them all here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_of_many_partitions_shares_one_budget() {
+    let dir = TempDir::new().unwrap();
+    let mut cluster = LocalCluster::start(dir.path().to_path_buf(), 1, |_| {}).await.unwrap();
+    cluster
+        .eventually("the broker registered", DEADLINE, |c| c.node(1).unwrap().metadata().brokers().len() == 1)
+        .await
+        .unwrap();
+    let address = cluster.node(1).unwrap().metadata().brokers().values().next().unwrap().address.clone();
+    let client = Client::new(vec![address], RetryPolicy::default()).unwrap();
+    let request =
+        pb::CreateTopicRequest { topic: "jobs".into(), partitions: 4, replication_factor: 1, ..Default::default() };
+    client.create_topic(request).await.unwrap();
+    let mut producer = Producer::new(client.clone(), 0).await.unwrap();
+    for partition in 0..4 {
+        let records = (0..3).map(|i| record(format!("{partition}-{i}"))).collect();
+        producer.send_to("jobs", partition, records).await.unwrap();
+    }
+    let member = Consumer::join(client.clone(), "workers", "m", vec!["jobs".into()], 10_000).await.unwrap();
+    let poll = |max_records: u32, max_bytes: u64| {
+        let request = pb::PollPartitionsRequest {
+            group: "workers".into(),
+            member: "m".into(),
+            generation: member.generation(),
+            member_epoch: member.member_epoch(),
+            partitions: [2, 0, 1, 3]
+                .into_iter()
+                .map(|partition| pb::PollPartition { topic: "jobs".into(), partition, offset: None, topic_id: None })
+                .collect(),
+            max_records,
+            max_bytes,
+            max_wait_ms: 0,
+        };
+        let client = client.clone();
+        async move {
+            let answer = client
+                .call(keel_client::Route::Any, |mut c| {
+                    let r = request.clone();
+                    async move { c.poll_partitions(r).await }
+                })
+                .await
+                .unwrap();
+            answer
+                .partitions
+                .iter()
+                .map(|p| {
+                    assert!(p.refused.is_none(), "{p:?}");
+                    assert_eq!(p.high_watermark, 3, "{p:?}");
+                    (p.partition, p.records.len())
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    // Five records: partition 2's three, then two of partition 0's.
+    assert_eq!(poll(5, 0).await, [(2, 3), (0, 2), (1, 0), (3, 0)]);
+    // A byte budget below one record still delivers one record, and no more.
+    assert_eq!(poll(100, 1).await, [(2, 1), (0, 0), (1, 0), (3, 0)]);
+    assert_eq!(poll(100, 0).await, [(2, 3), (0, 3), (1, 3), (3, 3)]);
+    cluster.shutdown().await;
 }

@@ -935,29 +935,30 @@ async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
                 continue;
             }
         };
-        let Some((topic, topic_id, partition, generation)) =
-            consumer.last_polled().map(|(p, generation)| (p.topic.clone(), p.topic_id, p.partition, generation))
-        else {
-            continue;
-        };
-        let key = topic_key(&topic, topic_id);
-        // Record every poll with records, and the first (claiming) poll of
-        // a generation on a partition even when empty.
-        if !deliveries.is_empty() || claimed.insert((generation, key.clone(), partition)) {
-            world.record(
-                &process,
-                EventKind::PollOk {
-                    member: member.clone(),
-                    generation,
-                    topic: key.clone(),
-                    partition,
-                    invoked_at_ms,
-                    records: deliveries.iter().map(|d| seen(&d.record)).collect(),
-                },
-            );
-        }
-        if let Some(last) = deliveries.last() {
-            pending.insert((topic.clone(), partition), (last.record.offset, topic_id));
+        // One poll serves the partitions one broker leads: record each.
+        for (polled, generation) in consumer.last_polled() {
+            let (topic, topic_id, partition) = (&polled.topic, polled.topic_id, polled.partition);
+            let key = topic_key(topic, topic_id);
+            let delivered: Vec<_> =
+                deliveries.iter().filter(|d| d.topic == *topic && d.partition == partition).collect();
+            // Record every partition polled with records, and the first
+            // (claiming) poll of a generation on a partition even when empty.
+            if !delivered.is_empty() || claimed.insert((*generation, key.clone(), partition)) {
+                world.record(
+                    &process,
+                    EventKind::PollOk {
+                        member: member.clone(),
+                        generation: *generation,
+                        topic: key,
+                        partition,
+                        invoked_at_ms,
+                        records: delivered.iter().map(|d| seen(&d.record)).collect(),
+                    },
+                );
+            }
+            if let Some(last) = delivered.last() {
+                pending.insert((topic.clone(), partition), (last.record.offset, topic_id));
+            }
         }
         polls += 1;
         if polls % scenario.ack_every_polls != 0 || pending.is_empty() {
@@ -2003,8 +2004,8 @@ async fn audit_group(world: &World, client: &Client, topic: &TopicSpec) {
     let mut acked = 0u32;
     for _ in 0..20 {
         let Ok(deliveries) = consumer.poll(100, Duration::from_millis(300)).await else { continue };
-        let polled = consumer.last_polled().map(|(p, _)| (p.topic.clone(), p.partition));
-        if let (Some(last), Some((name, partition))) = (deliveries.last(), polled) {
+        if let Some(last) = deliveries.last() {
+            let (name, partition) = (last.topic.clone(), last.partition);
             if matches!(consumer.ack(&name, partition, last.record.offset).await, Ok(Some(_))) {
                 acked += 1;
             }

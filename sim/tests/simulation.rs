@@ -201,7 +201,10 @@ fn shrinking_reduces_a_planted_failure_to_a_few_faults_and_the_minimum_replays_e
     assert_eq!(shrunk.guarantee, Guarantee::G1);
     let faults: u64 = shrunk.report.faults.values().sum();
     assert!(faults <= 3, "{faults} faults left after {} runs: {:?}", shrunk.runs, shrunk.steps);
-    assert!(shrunk.minimal.producers <= scenario.producers && shrunk.minimal.safety_ms < scenario.safety_ms);
+    // Smaller, and nowhere larger (which dimensions shrink depends on the
+    // seed the planted bug is first caught on).
+    assert_ne!(shrunk.minimal, scenario, "nothing was shrunk: {:?}", shrunk.steps);
+    assert!(shrunk.minimal.producers <= scenario.producers && shrunk.minimal.safety_ms <= scenario.safety_ms);
     // The minimal scenario is data: through JSON and back, it runs the
     // same way again.
     let json = serde_json::to_string(&shrunk.minimal).expect("serialises");

@@ -731,6 +731,14 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         member_epoch: joined.member_epoch,
         topic_id: None,
     };
+    let poll_partitions = pb::PollPartitionsRequest {
+        group: "a.g".into(),
+        member: "m1".into(),
+        generation: joined.generation,
+        member_epoch: joined.member_epoch,
+        partitions: vec![pb::PollPartition { topic: "a.t".into(), partition: 0, offset: None, topic_id: None }],
+        ..Default::default()
+    };
     let refusals: Vec<(&str, Code)> = vec![
         ("Produce", code(&raw!(bob, Any, produce, produce))),
         ("ProduceStream", code(&bob.produce(produce.clone()).await)),
@@ -757,6 +765,7 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         ("Heartbeat", code(&raw!(bob, Metadata, heartbeat, heartbeat))),
         ("LeaveGroup", code(&raw!(bob, Metadata, leave_group, leave))),
         ("Poll", code(&raw!(bob, Any, poll, poll))),
+        ("PollPartitions", code(&raw!(bob, Any, poll_partitions, poll_partitions))),
         ("Ack", code(&raw!(bob, Any, ack, ack))),
         ("DescribeGroup", code(&bob.describe_group("a.g").await)),
         ("GroupPosition", code(&bob.group_position("a.g", "other", 0).await)),

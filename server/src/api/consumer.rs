@@ -14,13 +14,18 @@
 //! replica's is either not applied here yet or forged: the client is told to
 //! retry, and no client can raise a group's generation.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::{join_all, select_all};
 use keel_core::coordinator::{HeartbeatError, HeartbeatReply};
 use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState};
 use keel_core::partition::{PartitionCommand, PartitionOutcome};
+use keel_core::record::StoredRecord;
 use keel_core::{Generation, GroupName, MemberId, Offset, TopicName, TopicPartition};
-use keel_proto::v1 as pb;
+use keel_proto::{v1 as pb, POLL_PARTITIONS_MAX};
+use tokio::sync::Notify;
 use tonic::Status;
 
 use super::errors::{invalid_name, with_leader};
@@ -35,6 +40,67 @@ const POLL_WAIT_MS_MAX: u64 = 30_000;
 // `Clock`: a skewed or jumping wall clock must not stretch or cut a long
 // poll. The `Clock` is for timestamps that enter commands and for session
 // expiry.
+
+/// Who polls: a member of a group in one join.
+struct Poller {
+    group: GroupName,
+    member: MemberId,
+    member_epoch: u64,
+    generation: Generation,
+}
+
+impl Poller {
+    fn new(group: &str, member: &str, generation: u64, member_epoch: u64) -> Result<Poller, Status> {
+        Ok(Poller {
+            group: GroupName::new(group).map_err(invalid_name)?,
+            member: MemberId::new(member).map_err(invalid_name)?,
+            member_epoch,
+            generation: Generation(generation),
+        })
+    }
+}
+
+/// A partition a poll has claimed and waits on.
+struct Polling {
+    partition: TopicPartition,
+    group_id: GroupId,
+    /// Where the member's session is (see `PollRequest.offset`).
+    offset: Option<u64>,
+    /// Woken when the partition applies a batch.
+    applied: Arc<Notify>,
+}
+
+/// One partition's answer: records and the high watermark, or a refusal.
+type Polled = Result<(Vec<StoredRecord>, Offset), Status>;
+
+/// Refuse a PollPartitions request that names too many partitions or one
+/// twice.
+fn check_partition_list(partitions: &[pb::PollPartition]) -> Result<(), Status> {
+    if partitions.len() > POLL_PARTITIONS_MAX {
+        return Err(Status::invalid_argument(format!(
+            "a poll names at most {POLL_PARTITIONS_MAX} partitions, this one {}: split it",
+            partitions.len()
+        )));
+    }
+    let mut seen = BTreeSet::new();
+    for wanted in partitions {
+        if !seen.insert((wanted.topic.as_str(), wanted.partition)) {
+            return Err(Status::invalid_argument(format!(
+                "partition {}/{} is named twice in one poll: name each partition once",
+                wanted.topic, wanted.partition
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether a partition's refusal is one to hold while the poll waits on
+/// its other partitions: the partition is between leaders or this broker is
+/// behind, and may serve before the deadline. Any other refusal is answered
+/// at once, so that the member reroutes or rejoins.
+fn passing(refusal: &Status) -> bool {
+    refusal.code() == tonic::Code::Unavailable
+}
 
 /// Whether `member`, joined with `member_epoch`, may poll or ack
 /// `partition` in `generation`, as `metadata` (this broker's replica of the
@@ -313,88 +379,211 @@ impl KeelService {
     }
 
     pub(super) async fn poll_request(&self, request: pb::PollRequest) -> Result<pb::PollResponse, Status> {
-        let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
-        let member = MemberId::new(request.member.as_str()).map_err(invalid_name)?;
-        let (partition, group_id) = self.partition_of(&request.topic, request.partition, request.topic_id).await?;
-        let generation = Generation(request.generation);
-        self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
-        let claimed = self.node.cursor(&group_id, &group).is_some_and(|c| {
-            c.generation == generation && c.member == member && c.member_epoch == request.member_epoch
-        });
-        if !claimed {
-            // The first poll of a generation claims the partition (G5).
-            let command = PartitionCommand::Claim {
-                group: request.group.clone(),
-                member: request.member.clone(),
-                generation,
-                member_epoch: request.member_epoch,
-            };
-            match self.propose_partition_in(&group_id, &partition, command).await? {
-                PartitionOutcome::Claimed { .. } => {
-                    let cursor = Cursor { generation, member: member.clone(), member_epoch: request.member_epoch };
-                    self.node.set_cursor(&group_id, &group, cursor)
-                }
-                other => return Err(Status::internal(format!("unexpected outcome {other:?}"))),
-            }
-        }
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(request.max_wait_ms.min(POLL_WAIT_MS_MAX));
-        let (max_records, max_bytes) = super::service::read_budget(request.max_records, request.max_bytes);
-        let partition_applied =
-            self.node.applied_waiters(&group_id).ok_or_else(|| self.hosted_elsewhere(&partition))?;
-        let metadata_applied = self.node.applied_waiters(&GroupId::Metadata).unwrap_or_default();
-        loop {
-            // Armed before looking, so that a batch applied meanwhile wakes
-            // the wait below.
-            let mut records_or_claim = std::pin::pin!(partition_applied.notified());
-            records_or_claim.as_mut().enable();
-            let mut membership = std::pin::pin!(metadata_applied.notified());
-            membership.as_mut().enable();
-            self.check_claim(&group, &member, request.member_epoch, generation, &partition)?;
-            // A member fenced or expired while it waits learns it now, not at
-            // the poll's deadline.
-            self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
-            if self.node.cursor(&group_id, &group).is_none() {
-                return Err(Status::aborted("the claim moved; poll again"));
-            }
-            let read = self
-                .node
-                .read_partition(&partition, |state, log| {
-                    // The member says where its session is; without that,
-                    // read from the committed position. Either way a reply
-                    // lost on the way is read again, never skipped.
-                    let next = request.offset.map_or_else(|| state.group_position(&group), Offset);
-                    let from = next.max(state.log_start()).min(state.high_watermark());
-                    (state.read(log, from, max_records, max_bytes).map_err(|e| e.to_string()), state.high_watermark())
-                })
-                .ok_or_else(|| self.hosted_elsewhere(&partition))?;
-            let (records, high_watermark) = match read {
-                (Ok(records), high_watermark) => (records, high_watermark),
-                (Err(message), _) => return Err(Status::out_of_range(message)),
-            };
-            if !records.is_empty() || tokio::time::Instant::now() >= deadline {
-                if !records.is_empty() {
-                    // Confirm with a quorum that this broker still leads and
-                    // has applied everything committed (a read index); then
-                    // the claim it checks is current, and a deposed leader
-                    // cannot hand records to a fenced generation (G5).
-                    self.confirm_leadership(&partition).await?;
-                    self.check_claim(&group, &member, request.member_epoch, generation, &partition)?;
-                    self.check_member_here(&group, &member, request.member_epoch, generation, &partition)?;
-                }
-                self.node.metrics().polled(records.len() as u64);
-                return Ok(pb::PollResponse {
+        let poller = Poller::new(&request.group, &request.member, request.generation, request.member_epoch)?;
+        let wanted = pb::PollPartition {
+            topic: request.topic,
+            partition: request.partition,
+            offset: request.offset,
+            topic_id: request.topic_id,
+        };
+        let budget = (request.max_records, request.max_bytes);
+        let mut polled = self.poll_partitions(&poller, vec![wanted], budget, request.max_wait_ms).await;
+        let (records, high_watermark) = polled.pop().expect("one partition asked for, one answered")?;
+        Ok(pb::PollResponse {
+            records: records.into_iter().map(from_record).collect(),
+            high_watermark: high_watermark.0,
+        })
+    }
+
+    pub(super) async fn poll_partitions_request(
+        &self,
+        request: pb::PollPartitionsRequest,
+    ) -> Result<pb::PollPartitionsResponse, Status> {
+        let poller = Poller::new(&request.group, &request.member, request.generation, request.member_epoch)?;
+        check_partition_list(&request.partitions)?;
+        let names: Vec<(String, u32)> = request.partitions.iter().map(|p| (p.topic.clone(), p.partition)).collect();
+        let budget = (request.max_records, request.max_bytes);
+        let polled = self.poll_partitions(&poller, request.partitions, budget, request.max_wait_ms).await;
+        let partitions = names
+            .into_iter()
+            .zip(polled)
+            .map(|((topic, partition), polled)| match polled {
+                Ok((records, high_watermark)) => pb::PolledPartition {
+                    topic,
+                    partition,
                     records: records.into_iter().map(from_record).collect(),
                     high_watermark: high_watermark.0,
+                    refused: None,
+                },
+                Err(status) => pb::PolledPartition {
+                    topic,
+                    partition,
+                    records: Vec::new(),
+                    high_watermark: 0,
+                    refused: Some(pb::Refusal::from(&status)),
+                },
+            })
+            .collect();
+        Ok(pb::PollPartitionsResponse { partitions })
+    }
+
+    /// Poll `wanted` (partitions this broker should lead) for `poller`:
+    /// claim what this generation has not claimed yet, then wait until one
+    /// of them has records, one is refused for good (not [`passing`]), or
+    /// `max_wait_ms` passes. The
+    /// record and byte budget is shared, filled in the order asked. One
+    /// answer per partition, in that order.
+    async fn poll_partitions(
+        &self,
+        poller: &Poller,
+        wanted: Vec<pb::PollPartition>,
+        (max_records, max_bytes): (u32, u64),
+        max_wait_ms: u64,
+    ) -> Vec<Polled> {
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(max_wait_ms.min(POLL_WAIT_MS_MAX));
+        let (max_records, max_bytes) = super::service::read_budget(max_records, max_bytes);
+        let started = join_all(wanted.into_iter().map(|wanted| self.start_polling(poller, wanted))).await;
+        let mut answers: Vec<Option<Polled>> = Vec::with_capacity(started.len());
+        let mut polling = Vec::with_capacity(started.len());
+        for (slot, started) in started.into_iter().enumerate() {
+            match started {
+                Ok(partition) => {
+                    polling.push((slot, partition));
+                    answers.push(None);
+                }
+                Err(status) => answers.push(Some(Err(status))),
+            }
+        }
+        let refused_at_start = answers.iter().flatten().any(|answer| answer.as_ref().is_err_and(|s| !passing(s)));
+        let metadata_applied = self.node.applied_waiters(&GroupId::Metadata).unwrap_or_default();
+        while !polling.is_empty() {
+            // Armed before looking, so that a batch applied meanwhile wakes
+            // the wait below: new records, a claim, a member fenced or
+            // expired (the metadata).
+            let mut records_or_claim: Vec<_> =
+                polling.iter().map(|(_, partition)| Box::pin(partition.applied.notified())).collect();
+            for notified in &mut records_or_claim {
+                notified.as_mut().enable();
+            }
+            let mut membership = std::pin::pin!(metadata_applied.notified());
+            membership.as_mut().enable();
+            let (mut records_left, mut bytes_left) = (max_records, max_bytes);
+            let mut reads = Vec::with_capacity(polling.len());
+            for (_, partition) in &polling {
+                let read = self.look(poller, partition, records_left, bytes_left);
+                if let Ok((records, _)) = &read {
+                    records_left = records_left.saturating_sub(records.len() as u32);
+                    let bytes: u64 = records.iter().map(|r| r.record.size_bytes()).sum();
+                    bytes_left = bytes_left.saturating_sub(bytes);
+                }
+                reads.push(read);
+            }
+            // A passing refusal is held while other partitions may still
+            // serve; with none left to wait on, it is answered.
+            let answer_now = refused_at_start
+                || reads.iter().all(Result::is_err)
+                || reads.iter().any(|read| match read {
+                    Ok((records, _)) => !records.is_empty(),
+                    Err(refusal) => !passing(refusal),
                 });
+            if answer_now || tokio::time::Instant::now() >= deadline {
+                let confirmed =
+                    polling.iter().zip(reads).map(|((_, partition), read)| self.confirm(poller, partition, read));
+                for ((slot, _), answer) in polling.iter().zip(join_all(confirmed).await) {
+                    answers[*slot] = Some(answer);
+                }
+                break;
             }
             let recheck = tokio::time::Instant::now() + POLL_RECHECK;
             tokio::select! {
                 biased;
-                _ = &mut records_or_claim => {}
+                _ = select_all(records_or_claim) => {}
                 _ = &mut membership => {}
                 _ = tokio::time::sleep_until(recheck.min(deadline)) => {}
             }
         }
+        let answers: Vec<Polled> =
+            answers.into_iter().map(|answer| answer.expect("every partition answered")).collect();
+        let records = answers.iter().filter_map(|answer| answer.as_ref().ok()).map(|(records, _)| records.len() as u64);
+        self.node.metrics().polled(records.sum());
+        answers
+    }
+
+    /// Check `poller` may poll `wanted` here and, on the first poll of its
+    /// generation, claim the partition (G5).
+    async fn start_polling(&self, poller: &Poller, wanted: pb::PollPartition) -> Result<Polling, Status> {
+        let (partition, group_id) = self.partition_of(&wanted.topic, wanted.partition, wanted.topic_id).await?;
+        let Poller { group, member, member_epoch, generation } = poller;
+        self.check_member_here(group, member, *member_epoch, *generation, &partition)?;
+        let claimed = self
+            .node
+            .cursor(&group_id, group)
+            .is_some_and(|c| c.generation == *generation && c.member == *member && c.member_epoch == *member_epoch);
+        if !claimed {
+            let command = PartitionCommand::Claim {
+                group: group.to_string(),
+                member: member.to_string(),
+                generation: *generation,
+                member_epoch: *member_epoch,
+            };
+            match self.propose_partition_in(&group_id, &partition, command).await? {
+                PartitionOutcome::Claimed { .. } => {
+                    let cursor =
+                        Cursor { generation: *generation, member: member.clone(), member_epoch: *member_epoch };
+                    self.node.set_cursor(&group_id, group, cursor)
+                }
+                other => return Err(Status::internal(format!("unexpected outcome {other:?}"))),
+            }
+        }
+        let applied = self.node.applied_waiters(&group_id).ok_or_else(|| self.hosted_elsewhere(&partition))?;
+        Ok(Polling { partition, group_id, offset: wanted.offset, applied })
+    }
+
+    /// What `partition` holds for `poller` now, at most `max_records`
+    /// records and (but for one record) `max_bytes`, unless its claim or
+    /// membership moved.
+    fn look(&self, poller: &Poller, polling: &Polling, max_records: u32, max_bytes: u64) -> Polled {
+        let Poller { group, member, member_epoch, generation } = poller;
+        let partition = &polling.partition;
+        self.check_claim(group, member, *member_epoch, *generation, partition)?;
+        // A member fenced or expired while it waits learns it now, not at
+        // the poll's deadline.
+        self.check_member_here(group, member, *member_epoch, *generation, partition)?;
+        if self.node.cursor(&polling.group_id, group).is_none() {
+            return Err(Status::aborted("the claim moved; poll again"));
+        }
+        let read: Result<_, String> = self
+            .node
+            .read_partition(partition, |state, log| {
+                if max_records == 0 || max_bytes == 0 {
+                    return Ok((Vec::new(), state.high_watermark()));
+                }
+                // The member says where its session is; without that, read
+                // from the committed position. Either way a reply lost on
+                // the way is read again, never skipped.
+                let next = polling.offset.map_or_else(|| state.group_position(group), Offset);
+                let from = next.max(state.log_start()).min(state.high_watermark());
+                let records = state.read(log, from, max_records, max_bytes).map_err(|e| e.to_string())?;
+                Ok((records, state.high_watermark()))
+            })
+            .ok_or_else(|| self.hosted_elsewhere(partition))?;
+        read.map_err(Status::out_of_range)
+    }
+
+    /// `read`, once this broker has confirmed with a quorum that it still
+    /// leads and has applied everything committed (a read index) if it
+    /// holds records: then the claim it checks is current, and a deposed
+    /// leader cannot hand records to a fenced generation (G5).
+    async fn confirm(&self, poller: &Poller, polling: &Polling, read: Polled) -> Polled {
+        let (records, high_watermark) = read?;
+        if !records.is_empty() {
+            let Poller { group, member, member_epoch, generation } = poller;
+            let partition = &polling.partition;
+            self.confirm_leadership(partition).await?;
+            self.check_claim(group, member, *member_epoch, *generation, partition)?;
+            self.check_member_here(group, member, *member_epoch, *generation, partition)?;
+        }
+        Ok((records, high_watermark))
     }
 
     pub(super) async fn ack_request(&self, request: pb::AckRequest) -> Result<pb::AckResponse, Status> {

@@ -237,6 +237,22 @@ impl Keel for KeelService {
         .await
     }
 
+    async fn poll_partitions(
+        &self,
+        request: Request<pb::PollPartitionsRequest>,
+    ) -> Result<Response<pb::PollPartitionsResponse>, Status> {
+        let needs = |r: &pb::PollPartitionsRequest| {
+            let topics: std::collections::BTreeSet<&str> = r.partitions.iter().map(|p| p.topic.as_str()).collect();
+            let mut needs = vec![Permission::group(&r.group, Operation::Join)];
+            needs.extend(topics.into_iter().map(|topic| Permission::topic(topic, Operation::Consume)));
+            needs
+        };
+        self.guarded("PollPartitions", request, needs, |_, r| async move {
+            self.poll_partitions_request(r.into_inner()).await.map(Response::new)
+        })
+        .await
+    }
+
     async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
         let needs = |r: &pb::AckRequest| member_reading(&r.group, &r.topic);
         self.guarded(

@@ -624,8 +624,11 @@ async fn consume(args: ConsumeBench, connection: &Connection) -> anyhow::Result<
                 }
                 consumed.fetch_add(deliveries.len() as u64, Ordering::Relaxed);
                 for ((topic, partition), offset) in last {
-                    if let Err(error) = consumer.ack(&topic, partition, offset).await {
-                        outcome = Err(error.into());
+                    match consumer.ack(&topic, partition, offset).await {
+                        Ok(Some(_)) => {}
+                        // Fenced, and rejoined: the rest would be refused too.
+                        Ok(None) => break,
+                        Err(error) => outcome = Err(error.into()),
                     }
                 }
             }

@@ -2014,10 +2014,19 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
             partitions.insert((delivery.topic.clone(), delivery.partition));
             printed += 1;
         }
-        // One poll reads one partition: acknowledge its last record (not
-        // interrupted: a signal waits for it).
-        let last = deliveries.last().expect("not empty");
-        consumer.ack(&last.topic, last.partition, last.record.offset).await?;
+        // One poll reads the partitions one broker leads: acknowledge each
+        // one's last record (not interrupted: a signal waits for it).
+        let mut last = BTreeMap::new();
+        for delivery in &deliveries {
+            last.insert((delivery.topic.as_str(), delivery.partition), delivery.record.offset);
+        }
+        for ((topic, partition), offset) in last {
+            if consumer.ack(topic, partition, offset).await?.is_none() {
+                // Fenced, and rejoined: the rest of this poll's acks would
+                // be refused too; its records come again.
+                break;
+            }
+        }
         for notice in consumer.take_notices() {
             eprintln!("keel consume: {notice}");
         }
