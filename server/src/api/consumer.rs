@@ -21,7 +21,7 @@ use std::time::Duration;
 use futures_util::future::{join_all, select_all};
 use keel_core::coordinator::{HeartbeatError, HeartbeatReply};
 use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState};
-use keel_core::partition::{PartitionCommand, PartitionOutcome};
+use keel_core::partition::{PartitionCommand, PartitionOutcome, PartitionState};
 use keel_core::record::StoredRecord;
 use keel_core::{Generation, GroupName, MemberId, Offset, TopicName, TopicPartition};
 use keel_proto::{v1 as pb, POLL_PARTITIONS_MAX};
@@ -171,10 +171,11 @@ fn older_epoch(group: &GroupName, member: &MemberId, current: u64, given: u64) -
 
 /// How often a waiting poll looks again even if nothing was applied. A
 /// poll wakes when its partition or the metadata applies a batch (new
-/// records, a claim, a member fenced or expired); this catches what changes
-/// without one (a cursor dropped when this broker stops hosting the
-/// partition, a lost leadership).
-const POLL_RECHECK: Duration = Duration::from_millis(100);
+/// records, a claim, a member fenced or expired, and on a deposed leader the
+/// new leader's first entry); this catches what changes without one (a
+/// leader cut off from the new one). Each look costs every waiting member a
+/// check per partition, so this is not short.
+const POLL_RECHECK: Duration = Duration::from_secs(1);
 
 impl KeelService {
     /// Refuse unless this broker coordinates groups (leads the metadata).
@@ -552,18 +553,23 @@ impl KeelService {
         if self.node.cursor(&polling.group_id, group).is_none() {
             return Err(Status::aborted("the claim moved; poll again"));
         }
+        // The member says where its session is; without that, read from the
+        // committed position. Either way a reply lost on the way is read
+        // again, never skipped.
+        let from = |state: &PartitionState| {
+            let next = polling.offset.map_or_else(|| state.group_position(group), Offset);
+            next.max(state.log_start()).min(state.high_watermark())
+        };
+        // Most looks of an idle member find nothing new: answer those
+        // without opening the log.
+        let state = self.node.partition(partition).ok_or_else(|| self.hosted_elsewhere(partition))?;
+        if max_records == 0 || max_bytes == 0 || from(&state) >= state.high_watermark() {
+            return Ok((Vec::new(), state.high_watermark()));
+        }
         let read: Result<_, String> = self
             .node
             .read_partition(partition, |state, log| {
-                if max_records == 0 || max_bytes == 0 {
-                    return Ok((Vec::new(), state.high_watermark()));
-                }
-                // The member says where its session is; without that, read
-                // from the committed position. Either way a reply lost on
-                // the way is read again, never skipped.
-                let next = polling.offset.map_or_else(|| state.group_position(group), Offset);
-                let from = next.max(state.log_start()).min(state.high_watermark());
-                let records = state.read(log, from, max_records, max_bytes).map_err(|e| e.to_string())?;
+                let records = state.read(log, from(state), max_records, max_bytes).map_err(|e| e.to_string())?;
                 Ok((records, state.high_watermark()))
             })
             .ok_or_else(|| self.hosted_elsewhere(partition))?;
