@@ -179,6 +179,16 @@ async fn one_poll_serves_every_partition_its_broker_leads() {
         producer.send_to("jobs", partition, vec![record(format!("job-{partition}"))]).await.unwrap();
     }
     let mut member = Consumer::join(client.clone(), "workers", "m", vec!["jobs".into()], 10_000).await.unwrap();
+    // Until a broker has applied the join, it refuses the member's polls
+    // ("retry shortly"): wait for all three, so that only routing counts.
+    let group = keel_core::GroupName::new("workers").unwrap();
+    let generation = member.generation();
+    cluster
+        .eventually("the join applied on every broker", DEADLINE, |c| {
+            c.live().all(|node| node.metadata().group(&group).is_some_and(|g| g.generation.0 == generation))
+        })
+        .await
+        .unwrap();
     let mut seen = BTreeSet::new();
     let mut polls = 0;
     while seen.len() < 4 {

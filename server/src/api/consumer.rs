@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
+use futures_util::StreamExt;
 use keel_core::coordinator::{HeartbeatError, HeartbeatReply};
 use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState};
 use keel_core::partition::{PartitionCommand, PartitionOutcome, PartitionState};
@@ -40,6 +41,10 @@ const POLL_WAIT_MS_MAX: u64 = 30_000;
 // `Clock`: a skewed or jumping wall clock must not stretch or cut a long
 // poll. The `Clock` is for timestamps that enter commands and for session
 // expiry.
+
+/// Most partitions one poll claims at once (each claim is a Raft write in
+/// the partition's group).
+const CLAIMS_IN_FLIGHT_MAX: usize = 16;
 
 /// Who polls: a member of a group in one join.
 struct Poller {
@@ -443,7 +448,15 @@ impl KeelService {
     ) -> Vec<Polled> {
         let deadline = tokio::time::Instant::now() + Duration::from_millis(max_wait_ms.min(POLL_WAIT_MS_MAX));
         let (max_records, max_bytes) = super::service::read_budget(max_records, max_bytes);
-        let started = join_all(wanted.into_iter().map(|wanted| self.start_polling(poller, wanted))).await;
+        // The first poll of a generation claims each partition, a Raft write
+        // in its group: a bounded number at once, so that a member of
+        // thousands of partitions does not wake thousands of quiet groups in
+        // one instant.
+        let started: Vec<_> = futures_util::stream::iter(wanted)
+            .map(|wanted| self.start_polling(poller, wanted))
+            .buffered(CLAIMS_IN_FLIGHT_MAX)
+            .collect()
+            .await;
         let mut answers: Vec<Option<Polled>> = Vec::with_capacity(started.len());
         let mut polling = Vec::with_capacity(started.len());
         for (slot, started) in started.into_iter().enumerate() {
@@ -579,15 +592,24 @@ impl KeelService {
     /// `read`, once this broker has confirmed with a quorum that it still
     /// leads and has applied everything committed (a read index) if it
     /// holds records: then the claim it checks is current, and a deposed
-    /// leader cannot hand records to a fenced generation (G5).
+    /// leader cannot hand records to a fenced generation (G5). Also when its
+    /// log ends before the member's session: the member takes that for a
+    /// new log (the topic created again) and starts its session over, which
+    /// a deposed leader that is behind must not make it do (G3).
     async fn confirm(&self, poller: &Poller, polling: &Polling, read: Polled) -> Polled {
-        let (records, high_watermark) = read?;
-        if !records.is_empty() {
+        let (records, mut high_watermark) = read?;
+        let shorter = polling.offset.is_some_and(|offset| offset > high_watermark.0);
+        if !records.is_empty() || shorter {
             let Poller { group, member, member_epoch, generation } = poller;
             let partition = &polling.partition;
             self.confirm_leadership(partition).await?;
             self.check_claim(group, member, *member_epoch, *generation, partition)?;
             self.check_member_here(group, member, *member_epoch, *generation, partition)?;
+            if shorter {
+                // Applied up to the read index now: the current end.
+                let state = self.node.partition(partition).ok_or_else(|| self.hosted_elsewhere(partition))?;
+                high_watermark = state.high_watermark();
+            }
         }
         Ok((records, high_watermark))
     }
