@@ -328,5 +328,7 @@ fn refusal_catches_a_broker_that_ignores_access_rules() {
 /// leader's broker up leave a partition leaderless after its leader died.
 #[test]
 fn l1_catches_quiet_followers_that_never_elect_after_their_leader_died() {
-    caught_within(Plant::Bug(Bug::QuietForever), 5);
+    // A leader must die while its group is quiet: 6 of seeds 0-19 show it
+    // (5 the first) since members poll a broker's partitions together.
+    caught_within(Plant::Bug(Bug::QuietForever), 10);
 }
