@@ -225,3 +225,44 @@ async fn a_snapshot_replaced_while_it_is_written_out_is_still_read_whole() {
         assert!(length > records_then * 100 * 1024, "snapshot before entry {index}: {length} bytes");
     }
 }
+
+/// Replacing a snapshot while another is written out for a follower does
+/// not wait for the write-out (it used to block a tokio worker for the whole
+/// write-out); the replaced snapshot's chunks go once the write-out ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replacing_a_snapshot_never_waits_for_a_write_out_and_its_chunks_still_go() {
+    let mut leader = replica();
+    leader.append_and_apply((1..=4).map(appending_big).collect()).await;
+    let first = leader.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let first_key = first.snapshot.key().to_string();
+    // Read once: written out, its chunks sealed.
+    let mut stream = first.snapshot;
+    let read = tokio::task::spawn_blocking(move || std::io::Read::read_to_end(&mut *stream, &mut Vec::new()));
+    read.await.unwrap().unwrap();
+    assert!(keel_server::storage::snapshot_file::is_sealed(&leader.store, &first_key).unwrap());
+
+    // A write-out under way (another follower's), held until told.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (started, starting) = tokio::sync::oneshot::channel();
+    let state_machine = leader.state_machine.clone();
+    let write_out = tokio::task::spawn_blocking(move || {
+        state_machine.as_write_out(|| {
+            started.send(()).unwrap();
+            released.recv().unwrap();
+        })
+    });
+    starting.await.unwrap();
+    leader.append_and_apply(vec![appending_big(5)]).await;
+    let mut builder = leader.state_machine.get_snapshot_builder().await;
+    let replacing = tokio::spawn(async move { builder.build_snapshot().await.map(drop) });
+    let replaced = tokio::time::timeout(std::time::Duration::from_secs(20), replacing).await;
+    // The replaced snapshot's chunks wait for the write-out, then go.
+    let kept_meanwhile = keel_server::storage::snapshot_file::is_sealed(&leader.store, &first_key).unwrap();
+    let waited = replaced.is_err();
+    release.send(()).unwrap();
+    assert!(!waited, "building a snapshot waited for a write-out of another");
+    replaced.unwrap().unwrap().unwrap();
+    assert!(kept_meanwhile, "a replaced snapshot's chunks went during a write-out");
+    write_out.await.unwrap().unwrap();
+    assert!(!keel_server::storage::snapshot_file::is_sealed(&leader.store, &first_key).unwrap());
+}

@@ -127,11 +127,9 @@ pub struct GroupStateMachine {
     applied_waiters: Arc<tokio::sync::Notify>,
     /// Counts snapshot streams received, for their chunk keys.
     incoming_streams: Arc<std::sync::atomic::AtomicU64>,
-    /// Held while a snapshot's stream is written out and opened (one at a
-    /// time: two followers may need the same snapshot at once), and while a
-    /// replaced snapshot's chunks are removed, so that a removal never
-    /// lands between a write-out's chunks or before its reader pins them.
-    writing_out: Arc<Mutex<()>>,
+    /// Snapshot write-outs, one at a time, and the removals of replaced
+    /// snapshots' chunks that wait for them.
+    writing_out: WriteOuts,
 }
 
 // A snapshot stream is the `Applied` header, then (for partitions) every
@@ -167,7 +165,7 @@ impl GroupStateMachine {
             applied_notify: None,
             applied_waiters: Arc::new(tokio::sync::Notify::new()),
             incoming_streams: Arc::new(std::sync::atomic::AtomicU64::new(0)),
-            writing_out: Arc::new(Mutex::new(())),
+            writing_out: WriteOuts::default(),
         })
     }
 
@@ -309,35 +307,44 @@ impl GroupStateMachine {
         // The pin keeps every segment this view's rows name until the file
         // is written out, however late that is.
         let (pin, view) = self.store.begin_read()?;
-        let (store, group, key, lock) =
+        let (store, group, key, write_outs) =
             (self.store.clone(), self.group.clone(), current.key.clone(), self.writing_out.clone());
         Ok(SnapshotFile::deferred(self.store.clone(), current.key.clone(), move || {
-            let _one_at_a_time = lock.lock().expect("snapshot write-out");
-            let _segments_stay = &pin;
-            let still_current = |store: &NodeStore| -> Result<bool, StoreError> {
-                let now = store.read(|txn| CurrentSnapshot::read(&txn.open_table(SNAPSHOTS)?, &group))?;
-                Ok(now.is_some_and(|now| now.key == key))
-            };
-            // Written out already (by an earlier read), unless it was
-            // replaced since and its chunks removed: then write it again.
-            if !snapshot_file::is_sealed(&store, &key)? {
-                write_out(&store, &group, &key, &current, &view)?;
-            }
-            drop(view);
-            let opened = SnapshotFile::open(store.clone(), key.clone())?;
-            // A replaced snapshot's chunks go now: the open file pins them.
-            if !still_current(&store)? {
-                snapshot_file::remove(&store, &key)?;
-            }
-            Ok(opened)
+            let one_at_a_time = write_outs.clone();
+            one_at_a_time.run(&store.clone(), move || {
+                let _segments_stay = &pin;
+                let still_current = |store: &NodeStore| -> Result<bool, StoreError> {
+                    let now = store.read(|txn| CurrentSnapshot::read(&txn.open_table(SNAPSHOTS)?, &group))?;
+                    Ok(now.is_some_and(|now| now.key == key))
+                };
+                // Written out already (by an earlier read), unless it was
+                // replaced since and its chunks removed: then write it again.
+                if !snapshot_file::is_sealed(&store, &key)? {
+                    write_out(&store, &group, &key, &current, &view)?;
+                }
+                drop(view);
+                let opened = SnapshotFile::open(store.clone(), key.clone())?;
+                // A replaced snapshot's chunks go now: the open file pins them.
+                if !still_current(&store)? {
+                    snapshot_file::remove(&store, &key)?;
+                }
+                Ok(opened)
+            })
         }))
     }
 
-    /// Remove the chunks of a snapshot that is no longer current, once no
-    /// write-out is under way (it may be writing these very chunks).
+    /// Remove the chunks of a snapshot that is no longer current: now, or
+    /// when the write-out under way ends (it may be writing these very
+    /// chunks). Never waits for it.
     fn remove_replaced(&self, key: &str) -> Result<(), StoreError> {
-        let _no_write_out = self.writing_out.lock().expect("snapshot write-out");
-        snapshot_file::remove(&self.store, key)
+        self.writing_out.remove(&self.store, key)
+    }
+
+    /// Run `f` as a snapshot write-out would: while it runs, removals of
+    /// replaced snapshots wait, and when it ends they are done. For tests.
+    #[doc(hidden)]
+    pub fn as_write_out<T>(&self, f: impl FnOnce() -> T) -> Result<T, StoreError> {
+        self.writing_out.run(&self.store, || Ok(f()))
     }
 
     /// Make `current` this group's snapshot (durably), unless the current
@@ -561,4 +568,58 @@ fn write_out(
     }
     file.finish()?;
     snapshot_file::seal(store, key)
+}
+
+/// One snapshot write-out at a time (two followers may need the same
+/// snapshot at once), and the removals of replaced snapshots' chunks that
+/// wait for it: a removal never lands between a write-out's chunks or before
+/// its reader pins them, and never blocks a tokio worker for a write-out
+/// (which may take seconds) either: it is queued, and the write-out's holder
+/// does it when done.
+#[derive(Debug, Clone, Default)]
+struct WriteOuts {
+    lock: Arc<Mutex<()>>,
+    /// Keys of replaced snapshots whose chunks wait for a write-out to end;
+    /// at most one per snapshot replaced during a write-out.
+    pending: Arc<Mutex<Vec<String>>>,
+}
+
+impl WriteOuts {
+    /// Remove `key`'s chunks now, or when the write-out under way ends.
+    fn remove(&self, store: &NodeStore, key: &str) -> Result<(), StoreError> {
+        self.pending.lock().expect("pending removals").push(key.to_string());
+        self.remove_pending_unless_busy(store)
+    }
+
+    /// Run `write_out` as the only write-out, then the removals that
+    /// waited for it.
+    fn run<T>(&self, store: &NodeStore, write_out: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let held = self.lock.lock().expect("snapshot write-out");
+        let written = write_out();
+        self.remove_pending(store, &held)?;
+        drop(held);
+        // Removals queued after the one above, while the lock was still held.
+        self.remove_pending_unless_busy(store)?;
+        written
+    }
+
+    fn remove_pending(&self, store: &NodeStore, _held: &std::sync::MutexGuard<'_, ()>) -> Result<(), StoreError> {
+        let keys = std::mem::take(&mut *self.pending.lock().expect("pending removals"));
+        for key in keys {
+            snapshot_file::remove(store, &key)?;
+        }
+        Ok(())
+    }
+
+    fn remove_pending_unless_busy(&self, store: &NodeStore) -> Result<(), StoreError> {
+        if self.pending.lock().expect("pending removals").is_empty() {
+            return Ok(());
+        }
+        match self.lock.try_lock() {
+            Ok(held) => self.remove_pending(store, &held),
+            // Its holder removes them when done.
+            Err(std::sync::TryLockError::WouldBlock) => Ok(()),
+            Err(std::sync::TryLockError::Poisoned(_)) => panic!("a snapshot write-out panicked"),
+        }
+    }
 }
