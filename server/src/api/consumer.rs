@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::future::select_all;
+use futures_util::future::{join_all, select_all};
 use futures_util::StreamExt;
 use keel_core::coordinator::{HeartbeatError, HeartbeatReply};
 use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState};
@@ -42,10 +42,9 @@ const POLL_WAIT_MS_MAX: u64 = 30_000;
 // poll. The `Clock` is for timestamps that enter commands and for session
 // expiry.
 
-/// Most partitions of one poll in a Raft round at once: a claim (a write
-/// in the partition's group) or the read index that confirms leadership
-/// before records are handed on.
-const RAFT_ROUNDS_IN_FLIGHT_MAX: usize = 16;
+/// Most partitions one poll claims at once (each claim is a Raft write in
+/// the partition's group).
+const CLAIMS_IN_FLIGHT_MAX: usize = 16;
 
 /// Who polls: a member of a group in one join.
 struct Poller {
@@ -455,7 +454,7 @@ impl KeelService {
         // one instant.
         let started: Vec<_> = futures_util::stream::iter(wanted)
             .map(|wanted| self.start_polling(poller, wanted))
-            .buffered(RAFT_ROUNDS_IN_FLIGHT_MAX)
+            .buffered(CLAIMS_IN_FLIGHT_MAX)
             .collect()
             .await;
         let mut answers: Vec<Option<Polled>> = Vec::with_capacity(started.len());
@@ -502,15 +501,9 @@ impl KeelService {
                     Err(refusal) => !passing(refusal),
                 });
             if answer_now || tokio::time::Instant::now() >= deadline {
-                // Futures do nothing until polled: `buffered` bounds them.
-                let confirming: Vec<_> = polling
-                    .iter()
-                    .zip(reads)
-                    .map(|((_, partition), read)| self.confirm(poller, partition, read))
-                    .collect();
-                let confirmed: Vec<_> =
-                    futures_util::stream::iter(confirming).buffered(RAFT_ROUNDS_IN_FLIGHT_MAX).collect().await;
-                for ((slot, _), answer) in polling.iter().zip(confirmed) {
+                let confirmed =
+                    polling.iter().zip(reads).map(|((_, partition), read)| self.confirm(poller, partition, read));
+                for ((slot, _), answer) in polling.iter().zip(join_all(confirmed).await) {
                     answers[*slot] = Some(answer);
                 }
                 break;
