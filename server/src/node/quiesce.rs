@@ -148,7 +148,7 @@ impl Node {
     /// send each peer this broker's liveness report.
     pub(super) async fn quiesce_forever(&self) {
         loop {
-            self.quiesce_round();
+            crate::node::timed_round("quiesce", || self.quiesce_round());
             let asleep = Instant::now();
             tokio::time::sleep(LIVENESS_INTERVAL).await;
             let late = asleep.elapsed().saturating_sub(LIVENESS_INTERVAL);
@@ -180,8 +180,9 @@ impl Node {
         // one of this broker's calls lately (its own report among them):
         // two independent signals each round, so that a few lost messages
         // give no live broker up.
-        let live = |peer: &NodeId| self.peer_live(*peer, now);
-        self.log_unheard(now);
+        let live_peers = self.live_peers(now);
+        let live = |peer: &NodeId| live_peers.contains(peer);
+        self.log_unheard(&live_peers);
         let running: BTreeSet<&GroupId> = groups.iter().map(|(g, _)| g).collect();
         // Taken before `led` is locked (`waves` locks in the other order).
         let in_turn = self.groups_in_turn();
@@ -203,8 +204,11 @@ impl Node {
                     continue;
                 }
                 let membership = m.membership_config.membership();
-                let voters: Vec<NodeId> = membership.voter_ids().collect();
-                let plain = membership.get_joint_config().len() == 1 && membership.learner_ids().next().is_none();
+                // The joint configuration's sets as they are: `voter_ids()`
+                // builds a set on every call, 10,000 groups a round.
+                let joint = membership.get_joint_config();
+                let plain = joint.len() == 1 && membership.learner_ids().next().is_none();
+                let voters: Vec<NodeId> = joint.iter().flatten().copied().collect();
                 let followers = || voters.iter().filter(|v| **v != me);
                 let replicated = m.replication.as_ref().is_some_and(|matched| {
                     followers().all(|v| matched.get(v).is_some_and(|l| l.map(|l| l.index) == m.last_log_index))
@@ -388,14 +392,24 @@ impl Node {
             || self.inner.peers.since_answer(peer).is_some_and(|since| since < timeout)
     }
 
+    /// The peers heard lately (see [`Node::peer_live`]) among the
+    /// registered brokers and those heard at all: taken once per round
+    /// rather than once per group.
+    pub(super) fn live_peers(&self, now: Instant) -> BTreeSet<NodeId> {
+        let me = self.id();
+        let mut peers: BTreeSet<NodeId> = self.metadata().brokers().iter().map(|(id, _)| id.0).collect();
+        peers.extend(self.inner.quiet.heard.lock().expect("heard").keys().copied());
+        peers.into_iter().filter(|peer| *peer != me && self.peer_live(*peer, now)).collect()
+    }
+
     /// Log the registered peers that became unheard, or were heard again,
     /// since the last round.
-    fn log_unheard(&self, now: Instant) {
+    fn log_unheard(&self, live_peers: &BTreeSet<NodeId>) {
         let me = self.id();
         let peers: Vec<NodeId> = self.metadata().brokers().iter().map(|(id, _)| id.0).filter(|id| *id != me).collect();
         let mut unheard = self.inner.quiet.unheard.lock().expect("unheard");
         for peer in peers {
-            let live = self.peer_live(peer, now);
+            let live = live_peers.contains(&peer);
             if !live && unheard.insert(peer) {
                 tracing::warn!(peer, "broker {peer} went unheard: the groups it leads quiet here elect");
             } else if live && unheard.remove(&peer) {
