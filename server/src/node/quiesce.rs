@@ -90,16 +90,18 @@ pub(super) struct Quiescence {
     unheard: Mutex<BTreeSet<NodeId>>,
 }
 
-/// The latest of this broker's rounds that ran late, as the grace its
-/// peers get: while a broker's runtime is stalled (overloaded, paused) it
-/// takes in no report and no Raft message, and the peers it did not hear
-/// from meanwhile must not be given up for it. Each peer is allowed
-/// [`LIVENESS_TIMEOUT`] plus the worst lateness of the last
-/// [`LIVENESS_TIMEOUT`], so that the messages queued during a stall have
-/// time to be taken in. (At 10,000 partitions, a broker whose rounds ran
-/// late found its peers unheard, woke every group it led quiet and elected
-/// those quiet under them: load that made the next rounds later still, and
-/// a second restart of the cluster never settled.)
+/// How late this broker's rounds ran lately, as the grace its peers get.
+/// While a broker's runtime is stalled (overloaded, paused) it takes in no
+/// report and no Raft message, and the peers it did not hear from meanwhile
+/// must not be given up for it. Each peer is allowed [`LIVENESS_TIMEOUT`]
+/// plus the largest lateness recorded since the grace last ran out (a grace
+/// runs out [`LIVENESS_TIMEOUT`] after the lateness it holds was recorded;
+/// a smaller one meanwhile does not replace it), so that the messages
+/// queued during a stall have time to be taken in. (At 10,000 partitions,
+/// a broker whose rounds ran late found its peers unheard, woke every group
+/// it led quiet and elected those quiet under them: load that made the
+/// next rounds later still, and a second restart of the cluster did not
+/// settle.)
 #[derive(Default)]
 struct Lateness {
     worst: Duration,
@@ -399,6 +401,7 @@ impl Node {
         let me = self.id();
         let mut peers: BTreeSet<NodeId> = self.metadata().brokers().iter().map(|(id, _)| id.0).collect();
         peers.extend(self.inner.quiet.heard.lock().expect("heard").keys().copied());
+        peers.extend(self.inner.peers.answered_peers());
         peers.into_iter().filter(|peer| *peer != me && self.peer_live(*peer, now)).collect()
     }
 
@@ -407,11 +410,16 @@ impl Node {
     fn log_unheard(&self, live_peers: &BTreeSet<NodeId>) {
         let me = self.id();
         let peers: Vec<NodeId> = self.metadata().brokers().iter().map(|(id, _)| id.0).filter(|id| *id != me).collect();
+        let heard_once: BTreeSet<NodeId> = self.inner.quiet.heard.lock().expect("heard").keys().copied().collect();
         let mut unheard = self.inner.quiet.unheard.lock().expect("unheard");
         for peer in peers {
             let live = live_peers.contains(&peer);
-            if !live && unheard.insert(peer) {
-                tracing::warn!(peer, "broker {peer} went unheard: the groups it leads quiet here elect");
+            // A peer not heard since this broker started is not news.
+            if !live && heard_once.contains(&peer) && unheard.insert(peer) {
+                tracing::warn!(
+                    peer,
+                    "broker {peer} went unheard: the groups it leads quiet here start their election timers"
+                );
             } else if live && unheard.remove(&peer) {
                 tracing::warn!(peer, "broker {peer} is heard again");
             }

@@ -167,7 +167,7 @@ pub const PEER_RETRY_AFTER: Duration = Duration::from_millis(200);
 
 /// Raft calls of partition groups one broker has in flight to one peer, at
 /// most (the metadata group's are not counted: they are few, and must not
-/// wait behind the partitions'). A call that finds no room before its time
+/// wait behind the partitions'; nor are snapshot chunks). A call that finds no room before its time
 /// limit fails as if the peer were unreachable, and its group backs off.
 /// Without a bound, thousands of groups woken at once (a restart) each sent
 /// their peers a call at the same instant: the peers answered them later
@@ -295,6 +295,11 @@ impl Peers {
         Ok(())
     }
 
+    /// The peers that answered a call of this broker's at some time.
+    pub fn answered_peers(&self) -> Vec<NodeId> {
+        self.answered.lock().expect("peer answers").keys().copied().collect()
+    }
+
     /// How long ago `peer` last answered a Raft message from this broker.
     pub fn since_answer(&self, peer: NodeId) -> Option<Duration> {
         self.answered.lock().expect("peer answers").get(&peer).map(|at| at.elapsed())
@@ -397,7 +402,9 @@ impl Peers {
             .entry(peer)
             .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(PEER_CALLS_IN_FLIGHT_MAX)))
             .clone();
-        match tokio::time::timeout_at(give_up, permits.acquire_owned()).await {
+        // `timeout`, not `timeout_at`: madsim 0.2.34's time has no `timeout_at`.
+        let wait = give_up.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(wait, permits.acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             Ok(Err(_)) | Err(_) => Err(TransportError::Busy),
         }
@@ -469,13 +476,20 @@ impl PeerClient {
                 return Err(TransportError::Resting);
             }
         }
-        let _permit = match self.bounded {
+        // Snapshot chunks take no permit: one may hold it for seconds, and
+        // a few streams would starve every group's heartbeats and votes.
+        let permit = match self.bounded && !matches!(rpc, Rpc::InstallSnapshot) {
             true => Some(self.peers.admit(self.target, give_up).await?),
             false => None,
         };
         // The call ends at the soft time limit, here rather than by openraft
         // dropping it at the hard one, so that a timeout is seen.
         let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+        // Admitted with too little time left to be answered: not sent, as
+        // it would only time out (and might count against the peer).
+        if permit.is_some() && left < option.soft_ttl() / 4 {
+            return Err(TransportError::Busy);
+        }
         let result = match tokio::time::timeout(left, self.call_peer(rpc, request, option)).await {
             Ok(result) => result,
             Err(_) => Err(TransportError::TimedOut),
@@ -491,7 +505,6 @@ impl PeerClient {
         }
         match &result {
             Ok(_) => self.peers.reached(self.target),
-            Err(TransportError::Busy) => {}
             Err(error) if self.unreachable(error) => self.peers.unreachable(self.target, &self.address, error),
             Err(_) => {}
         }
@@ -564,10 +577,13 @@ impl PeerClient {
     /// Whether a failed call says the peer cannot be reached now (rather
     /// than that this one call failed): it could not be connected to, or
     /// it timed out with nothing heard from the peer lately. One answer
-    /// for the peer's health report and for openraft's back-off.
+    /// for the peer's health report and for openraft's back-off, but for
+    /// `Busy` (returned before a call is sent, so never in the report).
     fn unreachable(&self, error: &TransportError) -> bool {
         match error {
-            // Not the peer's doing, but the group must back off all the same.
+            // Not the peer's doing, but the group backs off all the same: a
+            // group retrying at once would read its entries again each
+            // time, and the calls waiting for room are what overloads.
             TransportError::Resting | TransportError::Busy => true,
             TransportError::Status(status) if status.code() == tonic::Code::Unavailable => true,
             error => timed_out(error) && self.silent(),
