@@ -1630,7 +1630,14 @@ fn lane_hostile(
                 (Some(real), true) => (real.clone(), u64::MAX / 2),
                 _ => (format!("intruder-{}", rng.gen_range(0..3)), 1),
             };
-            let generation = group.generation + u64::from(rng.gen_bool(0.3));
+            // The generation it claims: one the group has left behind (a
+            // zombie that missed a rebalance, what G5 is about), the
+            // current one, or one not reached yet.
+            let generation = match rng.gen_range(0..10) {
+                0..=2 => group.generation.saturating_sub(1),
+                3..=6 => group.generation,
+                _ => group.generation + 1,
+            };
             let route = Route::Partition(topic.name.clone(), partition);
             match rng.gen_range(0..5) {
                 4 => {
