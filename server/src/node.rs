@@ -88,6 +88,23 @@ pub const DUTY_PROPOSAL_TIMEOUT: Duration = Duration::from_secs(5);
 /// lane, full of the two, took no write again.
 pub const PROPOSAL_LEADERSHIP_CHECK: Duration = Duration::from_millis(100);
 
+/// A background round (a review of every group) that held a worker longer
+/// than this is logged: at thousands of groups such rounds delay every
+/// Raft message the broker takes in.
+pub const SLOW_ROUND: Duration = Duration::from_millis(100);
+
+/// Run one background round, `name`, and log it if it took longer than
+/// [`SLOW_ROUND`].
+pub(crate) fn timed_round<T>(name: &'static str, round: impl FnOnce() -> T) -> T {
+    let began = tokio::time::Instant::now();
+    let out = round();
+    let took = began.elapsed();
+    if took > SLOW_ROUND {
+        tracing::warn!(round = name, took_ms = took.as_millis() as u64, "a background round held a worker long");
+    }
+    out
+}
+
 /// A gRPC server with keel's connection settings.
 fn server_builder() -> tonic::transport::Server {
     tonic::transport::Server::builder()
@@ -914,8 +931,11 @@ impl Node {
     /// those running here that are no longer placed here.
     async fn reconcile(&self) -> Result<(), StartError> {
         let metadata = self.metadata();
-        let placed = Self::placed_here(&metadata, self.id());
-        let running: BTreeSet<GroupId> = self.groups().into_iter().filter(|g| *g != GroupId::Metadata).collect();
+        let (placed, running) = timed_round("reconcile", || {
+            let placed = Self::placed_here(&metadata, self.id());
+            let running: BTreeSet<GroupId> = self.groups().into_iter().filter(|g| *g != GroupId::Metadata).collect();
+            (placed, running)
+        });
         let (began, mut started) = (tokio::time::Instant::now(), 0usize);
         for (group, placement) in &placed {
             if running.contains(group) {
@@ -936,8 +956,9 @@ impl Node {
         }
         if started > 0 {
             tracing::info!(started, elapsed_ms = began.elapsed().as_millis() as u64, "partition groups started");
+            // Their first turns now, not at the next round.
+            timed_round("waves", || self.wave_round());
         }
-        self.wave_round();
         let latest = self.metadata();
         for group in running.iter().filter(|group| !placed.contains_key(*group)) {
             let Some(raft) = self.raft(group) else { continue };
@@ -978,8 +999,8 @@ impl Node {
     }
 
     async fn leader_duties(&self) {
-        self.converge_partition_memberships();
-        self.enforce_retention();
+        timed_round("memberships", || self.converge_partition_memberships());
+        timed_round("retention", || self.enforce_retention());
         let Some(metadata) = self.raft(&GroupId::Metadata) else { return };
         let leading = metadata.current_leader().await == Some(self.id());
         self.keep_registration(&metadata, leading).await;

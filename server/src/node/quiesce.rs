@@ -14,7 +14,9 @@
 //!
 //! Failure detection moves from the group to the broker: a follower that
 //! has neither heard its quiet leader's broker (a liveness report or any
-//! Raft message) nor had an answer from it for [`LIVENESS_TIMEOUT`] starts
+//! Raft message) nor had an answer from it for [`LIVENESS_TIMEOUT`] (plus
+//! however late this broker's own rounds ran lately: a stalled broker hears
+//! nobody, and must not blame its peers for it) starts
 //! the election timer of every group quiet under it again, each after its
 //! own delay within [`WAKE_SPREAD`] (so that a broker's death does not
 //! start all its groups' elections in the same instant); the timer, long
@@ -82,6 +84,43 @@ pub(super) struct Quiescence {
     heard: Mutex<BTreeMap<NodeId, Instant>>,
     /// Peers with a liveness call in flight (at most one each).
     sending: Mutex<BTreeSet<NodeId>>,
+    /// How late this broker's own rounds ran lately.
+    lateness: Mutex<Lateness>,
+    /// Peers found unheard at the last round (for the log).
+    unheard: Mutex<BTreeSet<NodeId>>,
+}
+
+/// How late this broker's rounds ran lately, as the grace its peers get.
+/// While a broker's runtime is stalled (overloaded, paused) it takes in no
+/// report and no Raft message, and the peers it did not hear from meanwhile
+/// must not be given up for it. Each peer is allowed [`LIVENESS_TIMEOUT`]
+/// plus the largest lateness recorded since the grace last ran out (a grace
+/// runs out [`LIVENESS_TIMEOUT`] after the lateness it holds was recorded;
+/// a smaller one meanwhile does not replace it), so that the messages
+/// queued during a stall have time to be taken in. (At 10,000 partitions,
+/// a broker whose rounds ran late found its peers unheard, woke every group
+/// it led quiet and elected those quiet under them: load that made the
+/// next rounds later still, and a second restart of the cluster did not
+/// settle.)
+#[derive(Default)]
+struct Lateness {
+    worst: Duration,
+    at: Option<Instant>,
+}
+
+impl Lateness {
+    fn record(&mut self, late: Duration, now: Instant) {
+        if late >= self.grace(now) {
+            *self = Lateness { worst: late, at: Some(now) };
+        }
+    }
+
+    fn grace(&self, now: Instant) -> Duration {
+        match self.at {
+            Some(at) if now.saturating_duration_since(at) <= LIVENESS_TIMEOUT => self.worst,
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 struct Led {
@@ -111,9 +150,24 @@ impl Node {
     /// send each peer this broker's liveness report.
     pub(super) async fn quiesce_forever(&self) {
         loop {
-            self.quiesce_round();
+            crate::node::timed_round("quiesce", || self.quiesce_round());
+            let asleep = Instant::now();
             tokio::time::sleep(LIVENESS_INTERVAL).await;
+            let late = asleep.elapsed().saturating_sub(LIVENESS_INTERVAL);
+            self.ran_late(late);
         }
+    }
+
+    /// This broker's round ran `late`: its peers get as long again.
+    fn ran_late(&self, late: Duration) {
+        if late >= LIVENESS_TIMEOUT / 2 {
+            tracing::warn!(
+                late_ms = late.as_millis() as u64,
+                "this broker's liveness round ran late (its runtime was stalled or overloaded): its peers are \
+                 given as long again before the groups they lead quiet here elect"
+            );
+        }
+        self.inner.quiet.lateness.lock().expect("lateness").record(late, Instant::now());
     }
 
     fn quiesce_round(&self) {
@@ -128,7 +182,9 @@ impl Node {
         // one of this broker's calls lately (its own report among them):
         // two independent signals each round, so that a few lost messages
         // give no live broker up.
-        let live = |peer: &NodeId| self.peer_live(*peer, now);
+        let live_peers = self.live_peers(now);
+        let live = |peer: &NodeId| live_peers.contains(peer);
+        self.log_unheard(&live_peers);
         let running: BTreeSet<&GroupId> = groups.iter().map(|(g, _)| g).collect();
         // Taken before `led` is locked (`waves` locks in the other order).
         let in_turn = self.groups_in_turn();
@@ -150,8 +206,11 @@ impl Node {
                     continue;
                 }
                 let membership = m.membership_config.membership();
-                let voters: Vec<NodeId> = membership.voter_ids().collect();
-                let plain = membership.get_joint_config().len() == 1 && membership.learner_ids().next().is_none();
+                // The joint configuration's sets as they are: `voter_ids()`
+                // builds a set on every call, 10,000 groups a round.
+                let joint = membership.get_joint_config();
+                let plain = joint.len() == 1 && membership.learner_ids().next().is_none();
+                let voters: Vec<NodeId> = joint.iter().flatten().copied().collect();
                 let followers = || voters.iter().filter(|v| **v != me);
                 let replicated = m.replication.as_ref().is_some_and(|matched| {
                     followers().all(|v| matched.get(v).is_some_and(|l| l.map(|l| l.index) == m.last_log_index))
@@ -326,11 +385,45 @@ impl Node {
     }
 
     /// Whether a peer was heard lately: its liveness report or a Raft
-    /// message from it arrived, or it answered one of this broker's calls.
+    /// message from it arrived, or it answered one of this broker's calls,
+    /// within [`LIVENESS_TIMEOUT`] plus this broker's own recent lateness.
     pub(super) fn peer_live(&self, peer: NodeId, now: Instant) -> bool {
+        let timeout = LIVENESS_TIMEOUT + self.inner.quiet.lateness.lock().expect("lateness").grace(now);
         let heard = self.inner.quiet.heard.lock().expect("heard").get(&peer).copied();
-        heard.is_some_and(|at| now.saturating_duration_since(at) < LIVENESS_TIMEOUT)
-            || self.inner.peers.since_answer(peer).is_some_and(|since| since < LIVENESS_TIMEOUT)
+        heard.is_some_and(|at| now.saturating_duration_since(at) < timeout)
+            || self.inner.peers.since_answer(peer).is_some_and(|since| since < timeout)
+    }
+
+    /// The peers heard lately (see [`Node::peer_live`]) among the
+    /// registered brokers and those heard at all: taken once per round
+    /// rather than once per group.
+    pub(super) fn live_peers(&self, now: Instant) -> BTreeSet<NodeId> {
+        let me = self.id();
+        let mut peers: BTreeSet<NodeId> = self.metadata().brokers().iter().map(|(id, _)| id.0).collect();
+        peers.extend(self.inner.quiet.heard.lock().expect("heard").keys().copied());
+        peers.extend(self.inner.peers.answered_peers());
+        peers.into_iter().filter(|peer| *peer != me && self.peer_live(*peer, now)).collect()
+    }
+
+    /// Log the registered peers that became unheard, or were heard again,
+    /// since the last round.
+    fn log_unheard(&self, live_peers: &BTreeSet<NodeId>) {
+        let me = self.id();
+        let peers: Vec<NodeId> = self.metadata().brokers().iter().map(|(id, _)| id.0).filter(|id| *id != me).collect();
+        let heard_once: BTreeSet<NodeId> = self.inner.quiet.heard.lock().expect("heard").keys().copied().collect();
+        let mut unheard = self.inner.quiet.unheard.lock().expect("unheard");
+        for peer in peers {
+            let live = live_peers.contains(&peer);
+            // A peer not heard since this broker started is not news.
+            if !live && heard_once.contains(&peer) && unheard.insert(peer) {
+                tracing::warn!(
+                    peer,
+                    "broker {peer} went unheard: the groups it leads quiet here start their election timers"
+                );
+            } else if live && unheard.remove(&peer) {
+                tracing::warn!(peer, "broker {peer} is heard again");
+            }
+        }
     }
 
     /// Partition groups led here that are quiet.
@@ -377,4 +470,29 @@ pub(super) fn following_timers(raft: &Raft, on: bool) {
 fn wake_spread(group: &GroupId, me: NodeId) -> Duration {
     let hash = keel_core::routing::fnv1a_64(format!("{}/{me}", group.key()).as_bytes());
     Duration::from_millis(hash % WAKE_SPREAD.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A round that ran late gives peers that much longer, for
+    /// LIVENESS_TIMEOUT; a later, smaller lateness does not cut a larger
+    /// grace short, and the grace ends once it is that old.
+    #[test]
+    fn a_late_round_extends_the_grace_for_a_liveness_timeout() {
+        let start = Instant::now();
+        let mut lateness = Lateness::default();
+        assert_eq!(lateness.grace(start), Duration::ZERO);
+        lateness.record(Duration::from_millis(900), start);
+        assert_eq!(lateness.grace(start), Duration::from_millis(900));
+        let soon = start + Duration::from_millis(300);
+        lateness.record(Duration::from_millis(10), soon);
+        assert_eq!(lateness.grace(soon), Duration::from_millis(900), "a smaller lateness keeps the larger grace");
+        assert_eq!(lateness.grace(start + LIVENESS_TIMEOUT), Duration::from_millis(900));
+        let later = start + LIVENESS_TIMEOUT + Duration::from_millis(1);
+        assert_eq!(lateness.grace(later), Duration::ZERO, "the grace ends");
+        lateness.record(Duration::from_millis(5), later);
+        assert_eq!(lateness.grace(later), Duration::from_millis(5));
+    }
 }

@@ -147,7 +147,7 @@ impl Node {
 
     pub(super) async fn waves_forever(&self) {
         loop {
-            self.wave_round();
+            crate::node::timed_round("waves", || self.wave_round());
             tokio::time::sleep(WAVE_ROUND).await;
         }
     }
@@ -160,6 +160,7 @@ impl Node {
         let state = &mut *state;
         let quiet_led = self.quiet_led_groups();
         let quiet_here = |group: &GroupId| quiet_led.contains(group) || self.quietly_following(group);
+        let live_peers = self.live_peers(now);
         let mut again = Vec::new();
         state.turned.retain(|group, held| {
             let Some(raft) = self.raft(group) else { return false };
@@ -193,7 +194,10 @@ impl Node {
             let step = {
                 let metrics = raft.metrics();
                 let m = metrics.borrow();
-                let initialised = m.membership_config.membership().voter_ids().next().is_some();
+                // The joint configuration's sets as they are: `voter_ids()`
+                // builds a set on every call, thousands of groups a round.
+                let joint = m.membership_config.membership().get_joint_config();
+                let initialised = joint.iter().any(|voters| !voters.is_empty());
                 let leading = m.state == ServerState::Leader && m.current_leader == Some(me);
                 // The first log index seen is the baseline (a group's
                 // metrics are not loaded yet when it starts waiting).
@@ -206,9 +210,7 @@ impl Node {
                 } else if written {
                     Step::ReleaseAwake
                 } else if m.current_leader.is_some_and(|leader| {
-                    leader != me
-                        && m.membership_config.membership().voter_ids().any(|v| v == leader)
-                        && self.peer_live(leader, now)
+                    leader != me && joint.iter().any(|voters| voters.contains(&leader)) && live_peers.contains(&leader)
                 }) && now.saturating_duration_since(waiting.since) < FOLLOWER_PATIENCE
                 {
                     // Its leader's broker is heard: the leader goes quiet

@@ -131,7 +131,11 @@ pub enum JoinRefusal {
 #[derive(Debug, Clone)]
 pub struct Peers {
     identity: Arc<ClusterIdentity>,
-    channels: Arc<Mutex<BTreeMap<String, Channel>>>,
+    /// Each peer address's channel, and when it was made.
+    channels: Arc<Mutex<BTreeMap<String, (Channel, tokio::time::Instant)>>>,
+    /// Each peer's permits for partition groups' Raft calls in flight
+    /// ([`PEER_CALLS_IN_FLIGHT_MAX`]).
+    admission: Arc<Mutex<BTreeMap<NodeId, Arc<tokio::sync::Semaphore>>>>,
     answered: Arc<Mutex<BTreeMap<NodeId, tokio::time::Instant>>>,
     /// Peers that just failed to answer, and until when no group on this
     /// broker tries them again (a call waits until then): a down peer costs
@@ -161,6 +165,23 @@ pub struct PeerHealth {
 /// How long a peer that did not answer rests before the next attempt.
 pub const PEER_RETRY_AFTER: Duration = Duration::from_millis(200);
 
+/// Raft calls of partition groups one broker has in flight to one peer, at
+/// most (the metadata group's are not counted: they are few, and must not
+/// wait behind the partitions'; nor are snapshot chunks). A call that finds no room before its time
+/// limit fails as if the peer were unreachable, and its group backs off.
+/// Without a bound, thousands of groups woken at once (a restart) each sent
+/// their peers a call at the same instant: the peers answered them later
+/// than their 75 ms time limit, the calls were sent again, and the queue
+/// never drained (at 10,000 partitions a second restart never converged).
+/// 128 calls are what a peer on these machines answers in well under that
+/// limit.
+pub const PEER_CALLS_IN_FLIGHT_MAX: usize = 128;
+
+/// The youngest channel to a peer that a timed-out call may drop (so that
+/// the next call connects anew): at most one new connection per peer per
+/// this long.
+pub const CHANNEL_MIN_AGE: Duration = crate::node::KEEPALIVE_TIMEOUT;
+
 /// A transport failure before the peer answered.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -176,6 +197,8 @@ pub enum TransportError {
     Resting,
     #[error("the peer did not answer within the call's time limit")]
     TimedOut,
+    #[error("{PEER_CALLS_IN_FLIGHT_MAX} calls to the peer are in flight already; the group tries again shortly")]
+    Busy,
 }
 
 impl Peers {
@@ -184,6 +207,7 @@ impl Peers {
         Peers {
             identity: Arc::new(identity),
             channels: Arc::default(),
+            admission: Arc::default(),
             answered: Arc::default(),
             resting: Arc::default(),
             health: Arc::default(),
@@ -271,6 +295,11 @@ impl Peers {
         Ok(())
     }
 
+    /// The peers that answered a call of this broker's at some time.
+    pub fn answered_peers(&self) -> Vec<NodeId> {
+        self.answered.lock().expect("peer answers").keys().copied().collect()
+    }
+
     /// How long ago `peer` last answered a Raft message from this broker.
     pub fn since_answer(&self, peer: NodeId) -> Option<Duration> {
         self.answered.lock().expect("peer answers").get(&peer).map(|at| at.elapsed())
@@ -316,7 +345,7 @@ impl Peers {
 
     fn channel(&self, address: &str) -> Result<Channel, TransportError> {
         let mut channels = self.channels.lock().expect("peer channels");
-        if let Some(channel) = channels.get(address) {
+        if let Some((channel, _)) = channels.get(address) {
             return Ok(channel.clone());
         }
         #[cfg(not(madsim))]
@@ -341,15 +370,44 @@ impl Peers {
             .keep_alive_while_idle(true)
             .tcp_keepalive(Some(crate::node::KEEPALIVE_INTERVAL));
         let channel = endpoint.connect_lazy();
-        channels.insert(address.to_string(), channel.clone());
+        channels.insert(address.to_string(), (channel.clone(), tokio::time::Instant::now()));
         Ok(channel)
     }
 
     /// Forget the channel to `address`: a call on it timed out, and its
     /// connection may be dead without knowing it; the next call connects
-    /// anew.
+    /// anew. A channel younger than [`CHANNEL_MIN_AGE`] is kept: every call
+    /// in flight on a dead connection times out, and each forgetting it
+    /// made a connection per call (hundreds to an overloaded peer, each
+    /// one more for it to accept: a restarted cluster of 10,000 partitions
+    /// never recovered).
     fn forget_channel(&self, address: &str) {
-        self.channels.lock().expect("peer channels").remove(address);
+        let mut channels = self.channels.lock().expect("peer channels");
+        if channels.get(address).is_some_and(|(_, made)| made.elapsed() >= CHANNEL_MIN_AGE) {
+            channels.remove(address);
+        }
+    }
+
+    /// Wait, until `give_up` at the latest, for a permit to call `peer` on
+    /// behalf of a partition group (see [`PEER_CALLS_IN_FLIGHT_MAX`]).
+    async fn admit(
+        &self,
+        peer: NodeId,
+        give_up: tokio::time::Instant,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, TransportError> {
+        let permits = self
+            .admission
+            .lock()
+            .expect("peer admission")
+            .entry(peer)
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(PEER_CALLS_IN_FLIGHT_MAX)))
+            .clone();
+        // `timeout`, not `timeout_at`: madsim 0.2.34's time has no `timeout_at`.
+        let wait = give_up.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(wait, permits.acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_)) | Err(_) => Err(TransportError::Busy),
+        }
     }
 }
 
@@ -370,7 +428,13 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
-        PeerClient { group: self.group.clone(), peers: self.peers.clone(), target, address: node.addr.clone() }
+        PeerClient {
+            group: self.group.clone(),
+            bounded: self.group != GroupId::Metadata.key(),
+            peers: self.peers.clone(),
+            target,
+            address: node.addr.clone(),
+        }
     }
 }
 
@@ -378,6 +442,9 @@ impl RaftNetworkFactory<TypeConfig> for GroupNetwork {
 #[derive(Debug)]
 pub struct PeerClient {
     group: String,
+    /// Whether its calls take one of the peer's permits (a partition
+    /// group's do; the metadata group's do not).
+    bounded: bool,
     peers: Peers,
     target: NodeId,
     address: String,
@@ -409,9 +476,20 @@ impl PeerClient {
                 return Err(TransportError::Resting);
             }
         }
+        // Snapshot chunks take no permit: one may hold it for seconds, and
+        // a few streams would starve every group's heartbeats and votes.
+        let permit = match self.bounded && !matches!(rpc, Rpc::InstallSnapshot) {
+            true => Some(self.peers.admit(self.target, give_up).await?),
+            false => None,
+        };
         // The call ends at the soft time limit, here rather than by openraft
         // dropping it at the hard one, so that a timeout is seen.
         let left = give_up.saturating_duration_since(tokio::time::Instant::now());
+        // Admitted with too little time left to be answered: not sent, as
+        // it would only time out (and might count against the peer).
+        if permit.is_some() && left < option.soft_ttl() / 4 {
+            return Err(TransportError::Busy);
+        }
         let result = match tokio::time::timeout(left, self.call_peer(rpc, request, option)).await {
             Ok(result) => result,
             Err(_) => Err(TransportError::TimedOut),
@@ -499,10 +577,14 @@ impl PeerClient {
     /// Whether a failed call says the peer cannot be reached now (rather
     /// than that this one call failed): it could not be connected to, or
     /// it timed out with nothing heard from the peer lately. One answer
-    /// for the peer's health report and for openraft's back-off.
+    /// for the peer's health report and for openraft's back-off, but for
+    /// `Busy` (returned before a call is sent, so never in the report).
     fn unreachable(&self, error: &TransportError) -> bool {
         match error {
-            TransportError::Resting => true,
+            // Not the peer's doing, but the group backs off all the same: a
+            // group retrying at once would read its entries again each
+            // time, and the calls waiting for room are what overloads.
+            TransportError::Resting | TransportError::Busy => true,
             TransportError::Status(status) if status.code() == tonic::Code::Unavailable => true,
             error => timed_out(error) && self.silent(),
         }
@@ -929,7 +1011,13 @@ mod tests {
             }
         });
         let peers = Peers::new(ClusterIdentity { cluster_id: 7, secret: "s".into() });
-        let client = PeerClient { group: "metadata".into(), peers: peers.clone(), target: 2, address: address.clone() };
+        let client = PeerClient {
+            group: "metadata".into(),
+            bounded: false,
+            peers: peers.clone(),
+            target: 2,
+            address: address.clone(),
+        };
         peers.channel(&address).unwrap();
         assert!(peers.channels.lock().unwrap().contains_key(&address));
         let vote = VoteRequest::new(openraft::Vote::new(1, 1), None);
@@ -938,8 +1026,44 @@ mod tests {
             client.call(Rpc::Vote, &vote, &RPCOption::new(Duration::from_millis(400))).await;
         assert!(matches!(result, Err(TransportError::TimedOut)), "{result:?}");
         assert!(started.elapsed() < Duration::from_millis(400), "ended at the soft limit");
+        assert!(peers.channels.lock().unwrap().contains_key(&address), "a channel just made is kept");
+        // Once the channel is older than CHANNEL_MIN_AGE, a timeout drops it.
+        peers.channels.lock().unwrap().get_mut(&address).unwrap().1 -= CHANNEL_MIN_AGE;
+        let result: Result<Result<VoteResponse<NodeId>, RaftError<NodeId>>, _> =
+            client.call(Rpc::Vote, &vote, &RPCOption::new(Duration::from_millis(400))).await;
+        assert!(matches!(result, Err(TransportError::TimedOut)), "{result:?}");
         assert!(!peers.channels.lock().unwrap().contains_key(&address), "the silent channel was dropped");
         held.abort();
+    }
+
+    /// A partition group's call waits for one of the peer's
+    /// PEER_CALLS_IN_FLIGHT_MAX permits, and fails as `Busy` (the group
+    /// backs off, the peer is not marked down) if none frees in time; the
+    /// metadata group's calls take no permit.
+    #[tokio::test]
+    async fn calls_in_flight_to_a_peer_are_bounded_for_partition_groups_only() {
+        let peers = Peers::new(ClusterIdentity { cluster_id: 7, secret: "s".into() });
+        let far = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut held = Vec::new();
+        for _ in 0..PEER_CALLS_IN_FLIGHT_MAX {
+            held.push(peers.admit(2, far).await.expect("a free permit"));
+        }
+        let soon = tokio::time::Instant::now() + Duration::from_millis(20);
+        assert!(matches!(peers.admit(2, soon).await, Err(TransportError::Busy)));
+        assert!(peers.admit(3, soon).await.is_ok(), "another peer has its own permits");
+        let node = BasicNode { addr: "127.0.0.1:1".into() };
+        let partition = GroupId::parse("p/t/1/0").unwrap();
+        let busy = GroupNetwork::new(&partition, peers.clone()).new_client(2, &node).await;
+        assert!(busy.bounded);
+        assert!(!GroupNetwork::new(&GroupId::Metadata, peers.clone()).new_client(2, &node).await.bounded);
+        assert!(busy.unreachable(&TransportError::Busy), "the group backs off");
+        let vote = VoteRequest::new(openraft::Vote::new(1, 1), None);
+        let result: Result<Result<VoteResponse<NodeId>, RaftError<NodeId>>, _> =
+            busy.call(Rpc::Vote, &vote, &RPCOption::new(Duration::from_millis(40))).await;
+        assert!(matches!(result, Err(TransportError::Busy)), "{result:?}");
+        assert_eq!(peers.health().get(&2).map_or(0, |h| h.failed_calls), 0, "a busy call is not the peer's failure");
+        held.pop();
+        assert!(peers.admit(2, soon).await.is_ok(), "a permit freed is taken");
     }
 
     #[test]
