@@ -291,6 +291,8 @@ impl Model {
             // Not generated: forgetting idle groups is tested by example
             // in tests/rejections.rs.
             PartitionCommand::ForgetIdleGroup { .. } => unreachable!("not generated"),
+            // Not generated either: tested by example in tests/rejections.rs.
+            PartitionCommand::FollowPlacement { .. } => unreachable!("not generated"),
             PartitionCommand::ForgetGroup { group } => {
                 GroupName::new(group.as_str())?;
                 let had_position = self.groups.remove(group).is_some_and(|g| g.position.is_some());

@@ -322,6 +322,26 @@ fn a_partition_forgets_a_group_only_once_it_has_been_idle_for_the_time_given() {
 }
 
 #[test]
+fn a_placement_older_than_the_one_followed_is_refused() {
+    use keel_core::partition::PartitionOutcome;
+    let (mut state, mut log) = (PartitionState::new(small_limits()), MemoryLog::new());
+    let follow = |state: &mut PartitionState, log: &mut MemoryLog, epoch: u64| {
+        state.apply(log, TimestampMs(1), &PartitionCommand::FollowPlacement { epoch }).unwrap()
+    };
+    assert_eq!(follow(&mut state, &mut log, 3), Ok(PartitionOutcome::PlacementFollowed { epoch: 3 }));
+    // The same epoch again: a retry of a change that did not finish.
+    assert_eq!(follow(&mut state, &mut log, 3), Ok(PartitionOutcome::PlacementFollowed { epoch: 3 }));
+    // A leader whose metadata lags behind the move to epoch 3.
+    let stale = follow(&mut state, &mut log, 2).unwrap_err();
+    assert_eq!(stale, PartitionRejection::StalePlacement { epoch: 2, current: 3 });
+    assert!(stale.to_string().contains("metadata lags"), "{stale}");
+    assert_eq!(state.placement_epoch(), 3, "a refused placement changes nothing");
+    assert_eq!(follow(&mut state, &mut log, 4), Ok(PartitionOutcome::PlacementFollowed { epoch: 4 }));
+    assert_eq!(state.placement_epoch(), 4);
+    state.check_invariants(&log).unwrap();
+}
+
+#[test]
 fn a_topic_deleted_and_created_again_keeps_group_generations_rising() {
     let mut state = cluster();
     let group = keel_core::GroupName::new("g").unwrap();

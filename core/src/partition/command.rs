@@ -56,6 +56,13 @@ pub enum PartitionCommand {
     /// partition leader with the cluster's `group_retention_ms`, so a group
     /// of that name re-created and used in between is kept.
     ForgetIdleGroup { group: String, idle_ms: u64 },
+    /// The group's membership is about to follow the partition's placement
+    /// of this `epoch` (the metadata counts a partition's moves): proposed
+    /// by the leader before it changes voters or learners. A placement
+    /// older than one already followed is refused, so a leader whose
+    /// metadata lags (after a restart) cannot move the group back onto
+    /// replicas that no longer run it.
+    FollowPlacement { epoch: u64 },
 }
 
 /// What an applied partition command did.
@@ -95,6 +102,10 @@ pub enum PartitionOutcome {
         log_start: Offset,
         removed_records: u64,
         groups_behind: Vec<(GroupName, Offset)>,
+    },
+    /// The group follows the placement of `epoch` from now on.
+    PlacementFollowed {
+        epoch: u64,
     },
 }
 
@@ -145,11 +156,16 @@ pub enum PartitionRejection {
     TooManyGroups { max: u32 },
     #[error("group {group} was used here {idle_ms_ago} ms ago, within {idle_ms} ms: it is kept")]
     GroupActive { group: GroupName, idle_ms_ago: u64, idle_ms: u64 },
+    #[error(
+        "the placement of epoch {epoch} is older than epoch {current}, which this partition already follows: the \
+         proposer's metadata lags; it retries once its metadata has caught up"
+    )]
+    StalePlacement { epoch: u64, current: u64 },
 }
 
 impl PartitionRejection {
     /// Every kind of rejection, by name (the simulation counts which occur).
-    pub const KINDS: [&'static str; 18] = [
+    pub const KINDS: [&'static str; 19] = [
         "InvalidName",
         "EmptyBatch",
         "TooManyRecords",
@@ -168,6 +184,7 @@ impl PartitionRejection {
         "PositionOutOfRange",
         "TooManyGroups",
         "GroupActive",
+        "StalePlacement",
     ];
 
     /// This rejection's kind: its variant's name.
@@ -191,6 +208,7 @@ impl PartitionRejection {
             Self::PositionOutOfRange { .. } => "PositionOutOfRange",
             Self::TooManyGroups { .. } => "TooManyGroups",
             Self::GroupActive { .. } => "GroupActive",
+            Self::StalePlacement { .. } => "StalePlacement",
         }
     }
 }

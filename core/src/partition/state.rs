@@ -55,6 +55,9 @@ pub struct PartitionState {
     last_append_at: TimestampMs,
     producers: BTreeMap<ProducerId, ProducerState>,
     groups: BTreeMap<GroupName, GroupPosition>,
+    /// The newest placement epoch the group's membership has followed
+    /// ([`PartitionCommand::FollowPlacement`]).
+    placement_epoch: u64,
     applied_commands: u64,
     rejected_commands: u64,
 }
@@ -70,6 +73,7 @@ impl PartitionState {
             last_append_at: TimestampMs(0),
             producers: BTreeMap::new(),
             groups: BTreeMap::new(),
+            placement_epoch: 0,
             applied_commands: 0,
             rejected_commands: 0,
         }
@@ -105,6 +109,11 @@ impl PartitionState {
         position.max(self.log_start)
     }
 
+    /// The newest placement epoch the group's membership has followed.
+    pub fn placement_epoch(&self) -> u64 {
+        self.placement_epoch
+    }
+
     /// Commands applied and commands rejected so far.
     pub fn command_counts(&self) -> (u64, u64) {
         (self.applied_commands, self.rejected_commands)
@@ -134,6 +143,7 @@ impl PartitionState {
             PartitionCommand::ApplyRetention { policy } => Ok(self.apply_retention(log, at, *policy)?),
             PartitionCommand::ForgetGroup { group } => self.forget_group(group),
             PartitionCommand::ForgetIdleGroup { group, idle_ms } => self.forget_idle_group(at, group, *idle_ms),
+            PartitionCommand::FollowPlacement { epoch } => self.follow_placement(*epoch),
         };
         self.count(&result);
         Ok(result)
@@ -399,6 +409,15 @@ impl PartitionState {
         }
         let had_position = self.groups.remove(&group).is_some_and(|g| g.position.is_some());
         Ok(PartitionOutcome::GroupForgotten { had_position })
+    }
+
+    fn follow_placement(&mut self, epoch: u64) -> PartitionResult {
+        // The same epoch again is a retry of a change that did not finish.
+        if epoch < self.placement_epoch {
+            return Err(PartitionRejection::StalePlacement { epoch, current: self.placement_epoch });
+        }
+        self.placement_epoch = epoch;
+        Ok(PartitionOutcome::PlacementFollowed { epoch })
     }
 
     fn forget_idle_group(&mut self, at: TimestampMs, group: &str, idle_ms: u64) -> PartitionResult {

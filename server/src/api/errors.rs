@@ -135,6 +135,8 @@ pub(super) fn partition_rejection(rejection: PartitionRejection) -> Status {
         SequenceGap { .. } | SequenceTooOld { .. } | UnknownProducer { .. } => Code::FailedPrecondition,
         Fenced { .. } | NotClaimed { .. } => Code::Aborted,
         EpochFenced { .. } | GroupActive { .. } => Code::FailedPrecondition,
+        // Internal only (membership changes); a lagging replica: retry.
+        StalePlacement { .. } => Code::Unavailable,
         CommitBeyondHighWatermark { .. } | CommitBackwards { .. } => Code::OutOfRange,
     };
     let lost = matches!(rejection, SequenceTooOld { .. } | UnknownProducer { .. });

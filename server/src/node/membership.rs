@@ -8,7 +8,10 @@
 //! the placement (openraft's joint consensus). A replica that is no longer
 //! placed on its broker keeps running until its group's membership no
 //! longer names it, so a move never removes a replica before the group can
-//! do without it.
+//! do without it. Before it changes the membership, the leader records in
+//! the group the placement epoch it follows; the group refuses an epoch
+//! older than one it already followed, so a leader whose metadata lags
+//! cannot undo a move.
 //!
 //! Waiting for a learner to catch up polls the metrics instead of using
 //! openraft's blocking `add_learner`, which waits on the metrics watch
@@ -18,6 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState};
+use keel_core::partition::PartitionCommand;
 use keel_core::BrokerId;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers};
@@ -466,6 +470,21 @@ impl Node {
         None
     }
 
+    /// Record in a partition group this broker leads that its membership
+    /// now follows the placement of `epoch`. Refused if the group already
+    /// followed a newer one: this broker's metadata lags (it restarted with
+    /// an old placement), and the change would move the group back onto
+    /// brokers that no longer run it (simulation seed 154 before the fix:
+    /// a partition without a leader for good).
+    async fn follow_placement(&self, group: &GroupId, epoch: u64) -> Result<(), String> {
+        let command = Command::Partition(PartitionCommand::FollowPlacement { epoch });
+        match self.propose(group, command).await.map_err(|e| e.to_string())? {
+            Response::Partition(Ok(_)) => Ok(()),
+            Response::Partition(Err(rejection)) => Err(rejection.to_string()),
+            other => Err(format!("group {group} answered {other:?}")),
+        }
+    }
+
     /// Tell the metadata leader (this broker, or another over the internal
     /// transport) that a partition's moves have settled.
     async fn report_settled(&self, report: MoveSettledReport) -> Result<(), String> {
@@ -535,26 +554,36 @@ impl Node {
                 continue;
             }
             let Some(step) = Self::convergence(&metadata, &group, &raft) else { continue };
+            let Some(epoch) = Self::placement_of(&metadata, &group).map(|p| p.epoch) else { continue };
             if !self.inner.membership_changes.lock().expect("membership changes").insert(group.clone()) {
                 continue;
             }
             let node = self.clone();
             self.spawn(async move {
-                let result = match step {
-                    Convergence::ChangeVoters(addresses) => {
+                // Every change of the membership is fenced by the placement
+                // it follows (a lagging metadata replica proposes an older
+                // epoch, and the group refuses it); reporting is fenced by
+                // the metadata leader instead.
+                let fenced = match step {
+                    Convergence::ReportSettled(_) => Ok(()),
+                    _ => node.follow_placement(&group, epoch).await,
+                };
+                let result = match (fenced, step) {
+                    (Err(error), _) => Err(error),
+                    (Ok(()), Convergence::ChangeVoters(addresses)) => {
                         change_voters(&group, &raft, addresses).await.map_err(|e| e.to_string())
                     }
-                    Convergence::RemoveLearners(learners) => raft
+                    (Ok(()), Convergence::RemoveLearners(learners)) => raft
                         .change_membership(ChangeMembers::RemoveNodes(learners), false)
                         .await
                         .map(|_| ())
                         .map_err(|e| write_error(&group, e).to_string()),
-                    Convergence::UpdateAddresses(nodes) => raft
+                    (Ok(()), Convergence::UpdateAddresses(nodes)) => raft
                         .change_membership(ChangeMembers::SetNodes(nodes), false)
                         .await
                         .map(|_| ())
                         .map_err(|e| write_error(&group, e).to_string()),
-                    Convergence::ReportSettled(report) => node.report_settled(report).await,
+                    (Ok(()), Convergence::ReportSettled(report)) => node.report_settled(report).await,
                 };
                 if let Err(error) = result {
                     tracing::info!(%error, %group, "moving replicas did not finish yet; retrying");
