@@ -125,6 +125,7 @@ pub struct Metrics {
     raft_quiet_groups: Family<RoleLabels, Gauge>,
     raft_groups_waiting: Gauge,
     raft_groups_electing: Gauge,
+    raft_wave_size: Gauge,
     snapshots_built: Gauge,
     snapshots_installed: Gauge,
     high_watermark: Family<PartitionLabels, Gauge>,
@@ -248,6 +249,7 @@ impl Metrics {
             raft_quiet_groups: Family::default(),
             raft_groups_waiting: Gauge::default(),
             raft_groups_electing: Gauge::default(),
+            raft_wave_size: Gauge::default(),
             snapshots_built: Gauge::default(),
             snapshots_installed: Gauge::default(),
             high_watermark: Family::default(),
@@ -354,8 +356,14 @@ impl Metrics {
         );
         registry.register(
             "raft_groups_electing",
-            "Partition groups here holding a turn to elect and settle (at most 256 at once)",
+            "Partition groups here holding a turn to elect and settle (at most raft_wave_size at once)",
             metrics.raft_groups_electing.clone(),
+        );
+        registry.register(
+            "raft_wave_size",
+            "Turns to elect and settle this broker hands out at once now: halved when turns end without a leader, \
+             one more per group that settles",
+            metrics.raft_wave_size.clone(),
         );
         registry.register("log_segments", "Segment files of this broker's log", metrics.log_segments.clone());
         registry.register(
@@ -469,6 +477,7 @@ impl Metrics {
         let (waiting, electing) = node.wave_counts();
         self.raft_groups_waiting.set(waiting as i64);
         self.raft_groups_electing.set(electing as i64);
+        self.raft_wave_size.set(node.wave_size() as i64);
         let (built, installed) = node.snapshot_counts();
         self.snapshots_built.set(built as i64);
         self.snapshots_installed.set(installed as i64);

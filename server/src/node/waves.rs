@@ -33,6 +33,12 @@
 //! [`INITIALISE_FALLBACK`] in any case. A moved replica never initialises:
 //! it waits for the group's leader to reach it.
 //!
+//! The number of turns adapts as TCP's congestion window does: halved when
+//! turns end without a leader (the brokers answer elections slower than
+//! they are started, or replicas are down), one more for each group that
+//! settles in its turn, between [`WAVE_GROUPS_MIN`] and the configured
+//! number.
+//!
 //! Turns change only when an election timer runs, never what Raft decides.
 
 use std::collections::BTreeMap;
@@ -56,6 +62,8 @@ use crate::raft::types::NodeId;
 /// settled every group in 127 s, 64 in 33 s, and 256 never (elections
 /// failed faster than groups settled).
 pub const WAVE_GROUPS: usize = 64;
+/// The fewest turns the wave shrinks to when turns end without a leader.
+pub const WAVE_GROUPS_MIN: usize = 8;
 /// The longest a group holds a turn: one that cannot go quiet (a replica
 /// is down, or it is written to) must not hold back the groups after it.
 pub const WAVE_HOLD: Duration = Duration::from_secs(3);
@@ -83,6 +91,19 @@ struct WaveState {
     waiting: BTreeMap<Turn, Waiting>,
     /// Groups holding a turn.
     turned: BTreeMap<GroupId, Held>,
+    /// How many turns there are now (see [`next_wave_size`]); none until
+    /// the first round, which starts from the configured number.
+    size: Option<usize>,
+}
+
+/// The number of turns after a round in which `settled` groups went quiet
+/// in their turn and `leaderless` turns ended without a leader: halved
+/// (once a round, however many ended so), else one more per settled group,
+/// within [`WAVE_GROUPS_MIN`] and `ceiling`.
+fn next_wave_size(size: usize, ceiling: usize, settled: usize, leaderless: usize) -> usize {
+    let floor = WAVE_GROUPS_MIN.min(ceiling);
+    let size = if leaderless > 0 { size / 2 } else { size.saturating_add(settled) };
+    size.clamp(floor, ceiling)
 }
 
 /// A group holding a turn.
@@ -162,6 +183,7 @@ impl Node {
         let quiet_here = |group: &GroupId| quiet_led.contains(group) || self.quietly_following(group);
         let live_peers = self.live_peers(now);
         let mut again = Vec::new();
+        let mut settled_in_turn = 0;
         state.turned.retain(|group, held| {
             let Some(raft) = self.raft(group) else { return false };
             // Settled once quiet here: a follower that merely knows a
@@ -178,13 +200,21 @@ impl Node {
                 super::quiesce::following_timers(&raft, false);
                 again.push((held.turn.clone(), held.waited_since, held.preferred));
             }
+            settled_in_turn += usize::from(settled);
             !settled && !expired
         });
+        let ceiling = self.inner.config.wave_groups;
+        let size = state.size.unwrap_or(ceiling);
+        let next = next_wave_size(size, ceiling, settled_in_turn, again.len());
+        if next < size {
+            tracing::debug!(leaderless = again.len(), size = next, "turns ended without a leader; fewer turns");
+        }
+        state.size = Some(next);
         for (turn, since, preferred) in again {
             let waiting = Waiting { since, last_index: None, initialise: None, preferred };
             state.waiting.insert(turn, waiting);
         }
-        let mut room = self.inner.config.wave_groups.saturating_sub(state.turned.len());
+        let mut room = next.saturating_sub(state.turned.len());
         let mut done = Vec::new();
         for (turn, waiting) in state.waiting.iter_mut() {
             let Some(raft) = self.raft(&turn.group) else {
@@ -304,5 +334,30 @@ impl Node {
     pub fn wave_counts(&self) -> (usize, usize) {
         let state = self.inner.waves.state.lock().expect("waves");
         (state.waiting.len(), state.turned.len())
+    }
+
+    /// How many turns the wave has now.
+    pub fn wave_size(&self) -> usize {
+        let state = self.inner.waves.state.lock().expect("waves");
+        state.size.unwrap_or(self.inner.config.wave_groups)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wave_halves_on_turns_without_a_leader_and_grows_by_settled_groups() {
+        // Many turns ending leaderless in one round halve it once.
+        assert_eq!(next_wave_size(64, 64, 0, 40), 32);
+        assert_eq!(next_wave_size(32, 64, 5, 1), 16, "a leaderless turn outweighs settled ones");
+        assert_eq!(next_wave_size(9, 64, 0, 3), WAVE_GROUPS_MIN, "never below the floor");
+        assert_eq!(next_wave_size(8, 64, 3, 0), 11, "one more per settled group");
+        assert_eq!(next_wave_size(60, 64, 10, 0), 64, "never above the configured number");
+        assert_eq!(next_wave_size(64, 64, 0, 0), 64);
+        // A configuration below the floor is kept as it is.
+        assert_eq!(next_wave_size(4, 4, 0, 2), 4);
+        assert_eq!(next_wave_size(1, 1, 0, 0), 1);
     }
 }
