@@ -28,6 +28,8 @@ pub struct Consumer {
     member: String,
     topics: Vec<String>,
     session_timeout_ms: u64,
+    /// The assignor this member asks for (unspecified: the group's own).
+    assignor: pb::Assignor,
     generation: u64,
     /// This join's epoch, sent with every request so that an older process
     /// of the same member id is fenced.
@@ -56,7 +58,8 @@ pub struct Consumer {
 }
 
 impl Consumer {
-    /// Join `group` as `member`, subscribed to `topics`.
+    /// Join `group` as `member`, subscribed to `topics`, with the group's
+    /// assignor (sticky for a new group).
     pub async fn join(
         client: Client,
         group: &str,
@@ -64,12 +67,27 @@ impl Consumer {
         topics: Vec<String>,
         session_timeout_ms: u64,
     ) -> Result<Consumer, ClientError> {
+        Self::join_with_assignor(client, group, member, topics, session_timeout_ms, pb::Assignor::Unspecified).await
+    }
+
+    /// Join as [`Consumer::join`] does, asking for `assignor`: a new group
+    /// (or one with no members) takes it; a group whose members use
+    /// another refuses the join.
+    pub async fn join_with_assignor(
+        client: Client,
+        group: &str,
+        member: &str,
+        topics: Vec<String>,
+        session_timeout_ms: u64,
+        assignor: pb::Assignor,
+    ) -> Result<Consumer, ClientError> {
         let mut consumer = Consumer {
             client,
             group: group.to_string(),
             member: member.to_string(),
             topics,
             session_timeout_ms,
+            assignor,
             generation: 0,
             member_epoch: 0,
             join_uncertain: false,
@@ -119,6 +137,7 @@ impl Consumer {
             member: self.member.clone(),
             topics: self.topics.clone(),
             session_timeout_ms: self.session_timeout_ms,
+            assignor: self.assignor.into(),
         };
         let joined = self
             .client

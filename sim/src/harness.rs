@@ -1810,6 +1810,7 @@ async fn intrude(
                 member: "intruder".into(),
                 topics: vec![name.to_string()],
                 session_timeout_ms: 3_000,
+                ..Default::default()
             };
             let joined = intruder
                 .call(keel_client::Route::Metadata, |mut c| {

@@ -70,6 +70,7 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
         member: member.into(),
         topics: vec!["t".into()],
         session_timeout_ms: 30_000,
+        ..Default::default()
     };
     let poll = |member: &str, generation: u64, member_epoch: u64| pb::PollRequest {
         group: "g".into(),
@@ -127,6 +128,18 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
             Code::InvalidArgument,
             "group",
             c.join_group(pb::JoinGroupRequest { group: "".into(), ..join("m3") }).await,
+        ),
+        refused(
+            "join: unknown assignor",
+            Code::InvalidArgument,
+            "unknown assignor 99",
+            c.join_group(pb::JoinGroupRequest { assignor: 99, ..join("m3") }).await,
+        ),
+        refused(
+            "join: another assignor than the members'",
+            Code::FailedPrecondition,
+            "join with the group's assignor",
+            c.join_group(pb::JoinGroupRequest { assignor: pb::Assignor::Range.into(), ..join("m3") }).await,
         ),
         refused("poll: illegal member", Code::InvalidArgument, "member", c.poll(poll("bad member", new, epoch)).await),
         // Unknown topic, partition, group, member, broker.

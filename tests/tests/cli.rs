@@ -217,7 +217,13 @@ async fn group_describe_shows_positions_and_lag_when_no_member_is_left() {
     assert_eq!(sum("lag"), 3, "{described}");
 
     let text = cli_ok(&address, &["group", "describe", "readers"], "");
-    assert!(text.contains("members 0"), "{text}");
+    assert!(text.contains("members 0") && text.contains("assignor sticky"), "{text}");
+
+    // A group made with another assignor keeps it; a member asking for
+    // another one while the group has members is told which to use.
+    cli_ok(&address, &["consume", "events", "--group", "ranged", "--assignor", "range", "--max-records", "1"], "");
+    assert_eq!(describe_group(&address, "ranged")["assignor"], "ASSIGNOR_RANGE");
+    assert!(cli_ok(&address, &["group", "describe", "ranged"], "").contains("assignor range"));
     assert!(text.lines().filter(|line| line.starts_with("events")).count() >= 1, "{text}");
 }
 

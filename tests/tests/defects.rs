@@ -34,6 +34,7 @@ async fn join(c: &mut KeelClient<Channel>, topic: &str) -> pb::JoinGroupResponse
         member: "m".into(),
         topics: vec![topic.into()],
         session_timeout_ms: 10_000,
+        ..Default::default()
     };
     c.join_group(request).await.unwrap().into_inner()
 }
@@ -242,6 +243,7 @@ async fn a_long_poll_of_a_member_fenced_while_it_waits_is_told_so() {
         member: "m2".into(),
         topics: vec!["shared".into()],
         session_timeout_ms: 10_000,
+        ..Default::default()
     };
     let rejoined = c.join_group(second).await.unwrap().into_inner();
     assert!(rejoined.generation > joined.generation);

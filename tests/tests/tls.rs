@@ -643,6 +643,7 @@ async fn every_rpc_needs_its_permission_and_users_prove_themselves_with_secrets(
         member: "m1".into(),
         topics: vec!["a.t".into()],
         session_timeout_ms: 10_000,
+        ..Default::default()
     };
     let no_group = || {
         let admin = admin.clone();

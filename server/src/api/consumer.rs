@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use futures_util::future::{join_all, select_all};
 use futures_util::StreamExt;
+use keel_core::assignor::AssignorKind;
 use keel_core::coordinator::{HeartbeatError, HeartbeatReply};
 use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState};
 use keel_core::partition::{PartitionCommand, PartitionOutcome, PartitionState};
@@ -163,6 +164,25 @@ pub(super) fn check_member(
     }
 }
 
+/// The assignor a join names (not [`pb::Assignor::Unspecified`], which
+/// means the group's own).
+pub(super) fn assignor_kind(named: pb::Assignor) -> AssignorKind {
+    match named {
+        pb::Assignor::Unspecified | pb::Assignor::Sticky => AssignorKind::StickyBalanced,
+        pb::Assignor::Range => AssignorKind::Range,
+        pb::Assignor::RoundRobin => AssignorKind::RoundRobin,
+    }
+}
+
+/// How a group's assignor is named on the wire.
+pub(super) fn assignor_name(kind: AssignorKind) -> pb::Assignor {
+    match kind {
+        AssignorKind::StickyBalanced => pb::Assignor::Sticky,
+        AssignorKind::Range => pb::Assignor::Range,
+        AssignorKind::RoundRobin => pb::Assignor::RoundRobin,
+    }
+}
+
 /// The refusal of a process holding member epoch `given` of `member`, after
 /// a later join (epoch `current`) of the same member id.
 fn older_epoch(group: &GroupName, member: &MemberId, current: u64, given: u64) -> Status {
@@ -220,12 +240,25 @@ impl KeelService {
                 names.join(", ")
             )));
         }
+        let assignor = match pb::Assignor::try_from(request.assignor) {
+            Ok(pb::Assignor::Unspecified) => {
+                let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
+                metadata.group(&group).map_or(AssignorKind::default(), |g| g.assignor)
+            }
+            Ok(named) => assignor_kind(named),
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown assignor {}: use sticky, range or round-robin (or leave it unset for the group's own)",
+                    request.assignor
+                )))
+            }
+        };
         let command = MetadataCommand::JoinGroup {
             group: request.group,
             member: request.member,
             topics: request.topics,
             session_timeout_ms: request.session_timeout_ms,
-            assignor: Default::default(),
+            assignor,
         };
         match self.propose_metadata(command).await? {
             MetadataOutcome::Joined { generation, member_epoch, partitions } => {

@@ -37,7 +37,12 @@ impl KeelService {
                     .collect(),
             })
             .collect();
-        Ok(pb::DescribeGroupResponse { group: group.to_string(), generation: info.generation.0, members })
+        Ok(pb::DescribeGroupResponse {
+            group: group.to_string(),
+            generation: info.generation.0,
+            members,
+            assignor: super::consumer::assignor_name(info.assignor).into(),
+        })
     }
 
     /// Every group in this broker's metadata, by name (bounded by the

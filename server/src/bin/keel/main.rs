@@ -509,6 +509,34 @@ fn parse_header(text: &str) -> Result<pb::Header, String> {
     }
 }
 
+/// An assignor as `keel consume --assignor` names it.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum AssignorArg {
+    Sticky,
+    Range,
+    RoundRobin,
+}
+
+impl AssignorArg {
+    fn wire(self) -> pb::Assignor {
+        match self {
+            AssignorArg::Sticky => pb::Assignor::Sticky,
+            AssignorArg::Range => pb::Assignor::Range,
+            AssignorArg::RoundRobin => pb::Assignor::RoundRobin,
+        }
+    }
+}
+
+/// How `group describe` names an assignor.
+fn assignor_label(wire: i32) -> &'static str {
+    match pb::Assignor::try_from(wire) {
+        Ok(pb::Assignor::Sticky) => "sticky",
+        Ok(pb::Assignor::Range) => "range",
+        Ok(pb::Assignor::RoundRobin) => "round-robin",
+        _ => "unknown",
+    }
+}
+
 #[derive(Args)]
 #[command(after_help = "Examples:\n  keel consume orders --group billing --max-records 100\n  \
     keel consume orders --group audit --from 2026-12-01T08:00:00Z\n\n\
@@ -542,6 +570,12 @@ struct ConsumeArgs {
     /// Without it the group goes on from its committed positions.
     #[arg(long, value_parser = StartFrom::parse)]
     from: Option<StartFrom>,
+    /// How the group shares partitions among its members: sticky (balanced,
+    /// members keep what they had), range (contiguous ranges per topic) or
+    /// round-robin. Every member of a group uses the same one; without it
+    /// this member takes the group's (sticky for a new group).
+    #[arg(long, value_enum)]
+    assignor: Option<AssignorArg>,
     #[command(flatten)]
     output: RecordOutput,
 }
@@ -1973,12 +2007,13 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
             }
         }
     }
-    let mut consumer = Consumer::join(
+    let mut consumer = Consumer::join_with_assignor(
         client,
         &args.group,
         &member,
         args.topics.clone(),
         u64::try_from(args.session_timeout.as_millis()).unwrap_or(u64::MAX),
+        args.assignor.map_or(pb::Assignor::Unspecified, AssignorArg::wire),
     )
     .await?;
     let started = tokio::time::Instant::now();
@@ -2110,10 +2145,11 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                 print_json(&described);
             } else {
                 println!(
-                    "group {} generation {} members {}",
+                    "group {} generation {} members {} assignor {}",
                     described.group,
                     described.generation,
-                    described.members.len()
+                    described.members.len(),
+                    assignor_label(described.assignor)
                 );
                 let mut printed = table(
                     &["TOPIC", "PARTITION", "MEMBER", "POSITION", "HIGH WATERMARK", "LAG"],
