@@ -30,6 +30,9 @@ pub struct Consumer {
     session_timeout_ms: u64,
     /// The assignor this member asks for (unspecified: the group's own).
     assignor: pb::Assignor,
+    /// Most record bytes one poll asks for, in bytes (0: the broker's
+    /// default); a poll still gets one record larger than this.
+    poll_bytes_max: u64,
     generation: u64,
     /// This join's epoch, sent with every request so that an older process
     /// of the same member id is fenced.
@@ -88,6 +91,7 @@ impl Consumer {
             topics,
             session_timeout_ms,
             assignor,
+            poll_bytes_max: 0,
             generation: 0,
             member_epoch: 0,
             join_uncertain: false,
@@ -101,6 +105,13 @@ impl Consumer {
         };
         consumer.rejoin().await?;
         Ok(consumer)
+    }
+
+    /// Ask each later poll for at most `bytes` of records (0: the
+    /// broker's default). A poll still gets one record larger than this,
+    /// so a small budget slows a member down but never stops it.
+    pub fn set_poll_bytes_max(&mut self, bytes: u64) {
+        self.poll_bytes_max = bytes;
     }
 
     /// The generation this member is in.
@@ -254,7 +265,7 @@ impl Consumer {
                 })
                 .collect(),
             max_records,
-            max_bytes: 0,
+            max_bytes: self.poll_bytes_max,
             max_wait_ms: wait.as_millis() as u64,
         };
         let route = leader.map_or(Route::Any, Route::Broker);

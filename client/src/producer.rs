@@ -122,6 +122,18 @@ impl Producer {
         self.attempt(&slot, sequence, records).await
     }
 
+    /// Send again the batch to one partition whose send failed (its
+    /// outcome unknown), under its own sequence: answered with its offsets
+    /// whether this attempt or the failed one appended it. `Ok(None)` if no
+    /// batch to that partition is unresolved. A caller that wants a failed
+    /// batch delivered once calls this rather than sending the records
+    /// again, which would append them a second time if the failed send had.
+    pub async fn resend_unresolved(&mut self, topic: &str, partition: u32) -> Result<Option<Sent>, ClientError> {
+        let slot = (topic.to_string(), partition);
+        let Some((sequence, records)) = self.unresolved.get(&slot).cloned() else { return Ok(None) };
+        self.attempt(&slot, sequence, records).await.map(Some)
+    }
+
     /// The partition forgot this producer: continue under a new id. Every
     /// partition starts again at sequence 0; batches of other partitions
     /// whose outcome is unknown are resent under the new id (so they may be

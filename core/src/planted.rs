@@ -57,11 +57,22 @@ pub enum Bug {
     /// the leader's broker goes unheard: a partition whose leader died
     /// while idle has no leader again (L1, the write probes).
     QuietForever,
+    /// The range assignor leaves the last partition of every topic to no
+    /// one once a topic has more partitions than subscribers (an
+    /// off-by-one in the last member's share): its records are never
+    /// consumed (L1).
+    RangeDropsLastPartition,
+    /// A broker answers a position reset with the new position without
+    /// proposing it: the group keeps its old position (G4).
+    ResetAnsweredNotApplied,
+    /// A read by offset answers from the record after the one asked for
+    /// when it returns more than one (an off-by-one in the read cursor, G2).
+    ReadSkipsFirstRecord,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 15] = [
+    pub const ALL: [Bug; 18] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -77,6 +88,9 @@ impl Bug {
         Bug::WriteErrorsIgnored,
         Bug::AclIgnored,
         Bug::QuietForever,
+        Bug::RangeDropsLastPartition,
+        Bug::ResetAnsweredNotApplied,
+        Bug::ReadSkipsFirstRecord,
     ];
 
     /// The name used on the command line.
@@ -97,6 +111,9 @@ impl Bug {
             Bug::WriteErrorsIgnored => "write-errors-ignored",
             Bug::AclIgnored => "acl-ignored",
             Bug::QuietForever => "quiet-forever",
+            Bug::RangeDropsLastPartition => "range-drops-last-partition",
+            Bug::ResetAnsweredNotApplied => "reset-answered-not-applied",
+            Bug::ReadSkipsFirstRecord => "read-skips-first-record",
         }
     }
 }

@@ -180,11 +180,11 @@ fn acknowledged(events: &[Event]) -> Vec<Acked> {
             EventKind::ProduceInvoke { op, producer, topic, partition, values } => {
                 invoked.insert(*op, ((topic.clone(), *partition), values.clone(), *producer));
             }
-            EventKind::ProduceOk { op, base_offset, topic_id, .. } => {
+            EventKind::ProduceOk { op, base_offset, topic_id, partition: went_to, .. } => {
                 if let Some((partition, values, producer)) = invoked.get(op) {
                     let partition: &Partition = partition;
                     acked.push(Acked {
-                        partition: (topic_key(&partition.0, *topic_id), partition.1),
+                        partition: (topic_key(&partition.0, *topic_id), went_to.unwrap_or(partition.1)),
                         base_offset: *base_offset,
                         values: values.clone(),
                         producer: *producer,
@@ -353,6 +353,19 @@ fn one_record_per_offset(events: &[Event], findings: &mut Findings) {
                     observe(topic, *partition, record, format!("broker {broker}"), findings);
                 }
             }
+            EventKind::ReadOk { topic, partition, offset, records } => {
+                let contiguous = records.iter().enumerate().all(|(i, r)| r.offset == offset + i as u64);
+                if !contiguous {
+                    let offsets: Vec<u64> = records.iter().map(|r| r.offset).collect();
+                    findings.add(
+                        Guarantee::G2,
+                        format!("a read of {topic}/{partition} from offset {offset} returned offsets {offsets:?}"),
+                    );
+                }
+                for record in records {
+                    observe(topic, *partition, record, "the reader".to_string(), findings);
+                }
+            }
             _ => {}
         }
     }
@@ -387,9 +400,9 @@ fn order(events: &[Event], findings: &mut Findings) {
             EventKind::ProduceInvoke { op, producer, topic, partition, .. } => {
                 invoked.insert(*op, (*producer, topic.clone(), *partition));
             }
-            EventKind::ProduceOk { op, base_offset, topic_id, .. } => {
+            EventKind::ProduceOk { op, base_offset, topic_id, partition: went_to, .. } => {
                 if let Some((producer, topic, partition)) = invoked.get(op) {
-                    let key = &(*producer, topic_key(topic, *topic_id), *partition);
+                    let key = &(*producer, topic_key(topic, *topic_id), went_to.unwrap_or(*partition));
                     if let Some(last) = last_produced.get(key) {
                         if *base_offset <= *last {
                             findings.add(
@@ -455,23 +468,27 @@ fn committed_offsets(events: &[Event], findings: &mut Findings) {
 /// G5: once a member of generation g has polled a partition (which claims
 /// it), no poll or ack of an older generation invoked later succeeds.
 fn fencing(events: &[Event], findings: &mut Findings) {
-    // Per partition: the earliest completion time of a poll per generation.
-    let mut claimed: BTreeMap<Partition, BTreeMap<u64, u64>> = BTreeMap::new();
+    // Per group and partition: the earliest completion time of a poll per
+    // generation (generations are a group's own).
+    type Claims = BTreeMap<(String, Partition), BTreeMap<u64, u64>>;
+    let mut claimed: Claims = BTreeMap::new();
     let mut acks = BTreeMap::new();
-    let check = |partition: &Partition,
+    let check = |key: &(String, Partition),
                  generation: u64,
                  invoked_at: u64,
                  what: String,
-                 claimed: &BTreeMap<Partition, BTreeMap<u64, u64>>,
+                 claimed: &Claims,
                  findings: &mut Findings| {
-        let newer = claimed.get(partition).and_then(|claims| {
+        let newer = claimed.get(key).and_then(|claims| {
             claims.range(generation + 1..).find(|(_, claimed_at)| **claimed_at < invoked_at).map(|(g, t)| (*g, *t))
         });
         if let Some((newer, at)) = newer {
+            let (group, partition) = key;
             findings.add(
                 Guarantee::G5,
                 format!(
-                    "{what} of generation {generation} on {}/{} succeeded although generation {newer} claimed it at {at} ms",
+                    "{what} of group {group} generation {generation} on {}/{} succeeded although generation {newer} \
+                     claimed it at {at} ms",
                     partition.0, partition.1
                 ),
             );
@@ -479,13 +496,16 @@ fn fencing(events: &[Event], findings: &mut Findings) {
     };
     for event in events {
         match &event.kind {
-            EventKind::PollOk { member, generation, topic, partition, invoked_at_ms, .. } => {
-                let key = (topic.clone(), *partition);
+            EventKind::PollOk { group, member, generation, topic, partition, invoked_at_ms, .. } => {
+                let key = (group.clone(), (topic.clone(), *partition));
                 check(&key, *generation, *invoked_at_ms, format!("a poll by {member}"), &claimed, findings);
                 claimed.entry(key).or_default().entry(*generation).or_insert(event.at_ms);
             }
-            EventKind::AckInvoke { op, member, generation, topic, partition, .. } => {
-                acks.insert(*op, ((topic.clone(), *partition), *generation, event.at_ms, member.clone()));
+            EventKind::AckInvoke { op, group, member, generation, topic, partition, .. } => {
+                acks.insert(
+                    *op,
+                    ((group.clone(), (topic.clone(), *partition)), *generation, event.at_ms, member.clone()),
+                );
             }
             EventKind::AckOk { op, .. } => {
                 if let Some((partition, generation, invoked_at, member)) = acks.get(op) {
@@ -507,6 +527,15 @@ fn node_failures(events: &[Event], findings: &mut Findings) {
             }
             EventKind::DiskLost { broker, reason } => findings
                 .add(Guarantee::G1, format!("broker {broker}'s disk did not reopen after a power cut: {reason}")),
+            EventKind::PositionReset { group, topic, partition, position, kept: Some(kept) } if kept < position => {
+                findings.add(
+                    Guarantee::G4,
+                    format!(
+                        "group {group}'s position on {topic}/{partition} was reset to {position} with no member \
+                         left, but stayed at {kept}"
+                    ),
+                )
+            }
             EventKind::GroupDeleted { group, kept, .. } if !kept.is_empty() => findings.add(
                 Guarantee::G4,
                 format!("group {group} was deleted with its positions, but these stayed: {}", kept.join(", ")),
@@ -586,13 +615,18 @@ fn no_duplicate_appends(canonical: &BTreeMap<Partition, Vec<Seen>>, findings: &m
 /// acknowledged record was delivered to a consumer. Returns the number of
 /// duplicate deliveries.
 fn liveness(events: &[Event], acked: &[Acked], findings: &mut Findings) -> u64 {
-    let mut delivered = BTreeSet::new();
+    // Each group's topics (a history without them has group g reading all).
+    let mut subscribed: BTreeMap<String, Option<BTreeSet<String>>> = BTreeMap::new();
+    let mut delivered: BTreeSet<(String, String)> = BTreeSet::new();
     let mut duplicates = 0;
     for event in events {
         match &event.kind {
-            EventKind::PollOk { records, .. } => {
+            EventKind::Subscribed { group, topics } => {
+                subscribed.insert(group.clone(), Some(topics.iter().cloned().collect()));
+            }
+            EventKind::PollOk { group, records, .. } => {
                 for record in records {
-                    if !delivered.insert(record.value.clone()) {
+                    if !delivered.insert((group.clone(), record.value.clone())) {
                         duplicates += 1;
                     }
                 }
@@ -606,9 +640,9 @@ fn liveness(events: &[Event], acked: &[Acked], findings: &mut Findings) -> u64 {
             ),
             EventKind::LivenessTimeout { missing } => {
                 let group = events.iter().rev().find_map(|e| match &e.kind {
-                    EventKind::GroupSettled { generation, members, unassigned } => {
-                        Some(format!("generation {generation}, members {members:?}, unassigned {unassigned:?}"))
-                    }
+                    EventKind::GroupSettled { group, generation, members, unassigned } => Some(format!(
+                        "{group}: generation {generation}, members {members:?}, unassigned {unassigned:?}"
+                    )),
                     _ => None,
                 });
                 findings.add(
@@ -622,18 +656,31 @@ fn liveness(events: &[Event], acked: &[Acked], findings: &mut Findings) -> u64 {
             _ => {}
         }
     }
-    let missing: Vec<&String> =
-        acked.iter().flat_map(|a| &a.values).filter(|value| !delivered.contains(*value)).collect();
-    if !missing.is_empty() {
-        findings.add(
-            Guarantee::L1,
-            format!(
-                "{} acknowledged records were never consumed, e.g. {:?} (producer {})",
-                missing.len(),
-                missing[0],
-                acked.iter().find(|a| a.values.contains(missing[0])).map_or(0, |a| a.producer)
-            ),
-        );
+    if subscribed.is_empty() {
+        subscribed.insert(crate::history::main_group(), None);
+    }
+    for (group, topics) in &subscribed {
+        let reads = |a: &&Acked| {
+            let name = a.partition.0.split('@').next().unwrap_or_default();
+            topics.as_ref().is_none_or(|topics| topics.contains(name))
+        };
+        let missing: Vec<&String> = acked
+            .iter()
+            .filter(reads)
+            .flat_map(|a| &a.values)
+            .filter(|value| !delivered.contains(&(group.clone(), value.to_string())))
+            .collect();
+        if !missing.is_empty() {
+            findings.add(
+                Guarantee::L1,
+                format!(
+                    "{} acknowledged records were never consumed by group {group}, e.g. {:?} (producer {})",
+                    missing.len(),
+                    missing[0],
+                    acked.iter().find(|a| a.values.contains(missing[0])).map_or(0, |a| a.producer)
+                ),
+            );
+        }
     }
     duplicates
 }

@@ -40,8 +40,8 @@ use madsim::task::NodeId as HostId;
 use madsim::time::Instant;
 
 use crate::checkers::{check, Verdict};
-use crate::history::{topic_key, trace_hash, EventKind, Recorder, Seen};
-use crate::scenario::{FaultKind, Scenario, TopicSpec};
+use crate::history::{topic_key, trace_hash, EventKind, Recorder, Seen, MAIN_GROUP};
+use crate::scenario::{AssignorChoice, FaultKind, Scenario, TopicSpec};
 
 /// A deliberate bug, for the negative controls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,6 +101,9 @@ impl Plant {
             Plant::Bug(Bug::WriteErrorsIgnored) => G1,
             Plant::Bug(Bug::AclIgnored) => Refusal,
             Plant::Bug(Bug::QuietForever) => L1,
+            Plant::Bug(Bug::RangeDropsLastPartition) => L1,
+            Plant::Bug(Bug::ResetAnsweredNotApplied) => G4,
+            Plant::Bug(Bug::ReadSkipsFirstRecord) => G2,
         }
     }
 
@@ -190,6 +193,20 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         }
         if plant == Plant::Bug(Bug::ConsumerNoOrderFilter) {
             scenario.ack_every_polls = scenario.ack_every_polls.max(2);
+        }
+        // The shape lane's plants need its parts: the range assignor on
+        // group g, the operator's reset, the reader.
+        let shape = scenario.shape.clone().unwrap_or_else(crate::scenario::Shape::first);
+        if plant == Plant::Bug(Bug::RangeDropsLastPartition) {
+            scenario.shape = Some(crate::scenario::Shape { assignor: AssignorChoice::Range, ..shape.clone() });
+        }
+        if plant == Plant::Bug(Bug::ResetAnsweredNotApplied) {
+            scenario.shape = Some(shape.clone());
+            scenario.topic_lifecycle = true;
+        }
+        if plant == Plant::Bug(Bug::ReadSkipsFirstRecord) {
+            scenario.shape = Some(crate::scenario::Shape { reader: true, ..shape });
+            scenario.topic_lifecycle = false;
         }
     }
     scenario
@@ -597,8 +614,14 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
         host.spawn(async move { produce(w, p).await });
     }
     let consumer_incarnations = Arc::new(AtomicU64::new(0));
-    for c in 0..scenario.consumers {
-        let (w, incarnations) = (world.clone(), consumer_incarnations.clone());
+    // Members are numbered across groups: consumer-N is one host.
+    let plans = group_plans(&scenario);
+    for plan in &plans {
+        world.record("driver", EventKind::Subscribed { group: plan.name.clone(), topics: plan.topics.clone() });
+    }
+    let members = plans.iter().flat_map(|plan| (0..plan.members).map(move |_| plan.clone()));
+    for (c, plan) in (0u32..).zip(members) {
+        let (w, incarnations, plan) = (world.clone(), consumer_incarnations.clone(), Arc::new(plan));
         let host = handle
             .create_node()
             .name(format!("consumer-{c}"))
@@ -606,7 +629,8 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
             .init(move || {
                 let world = w.clone();
                 let incarnations = incarnations.clone();
-                async move { consume(world, c, incarnations).await }
+                let plan = plan.clone();
+                async move { consume(world, plan, c, incarnations).await }
             })
             .build();
         world.consumer_hosts.push(host.id());
@@ -615,6 +639,14 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
         let w = world.clone();
         madsim::task::spawn(async move { sample_positions(w).await })
     };
+    // Reads by offset name a topic, not its incarnation: the reader runs
+    // only where topics keep theirs.
+    if scenario.shape.as_ref().is_some_and(|shape| shape.reader) && !scenario.topic_lifecycle {
+        let host = handle.create_node().name("reader").ip(IpAddr::from([10, 0, 3, 4])).build();
+        world.producer_hosts.push(host.id());
+        let w = world.clone();
+        host.spawn(async move { read_by_offset(w).await });
+    }
 
     let safety_over = Arc::new(AtomicBool::new(false));
     let mut lanes: Vec<_> = [lane_nodes as LaneFn, lane_network, lane_clocks, lane_clients]
@@ -787,6 +819,7 @@ async fn produce(world: World, p: u32) {
                     count: sent.count,
                     duplicate: sent.duplicate,
                     topic_id: sent.topic_id,
+                    partition: None,
                 },
             ),
             Err(error) => world.record(&process, EventKind::ProduceFail { op, error: error.to_string() }),
@@ -836,6 +869,7 @@ async fn produce_batching(world: World, p: u32) {
                             count: 1,
                             duplicate: false,
                             topic_id: delivered.topic_id,
+                            partition: Some(delivered.partition),
                         },
                     ),
                     Err(error) => world.record(&process, EventKind::ProduceFail { op, error: error.to_string() }),
@@ -891,31 +925,84 @@ fn seen(record: &pb::StoredRecord) -> Seen {
 
 /// One consumer-group member: poll, "process", and every few polls ack
 /// what it polled; now and then a hostile ack that must be refused.
-async fn consume(world: World, c: u32, incarnations: Arc<AtomicU64>) {
+async fn consume(world: World, plan: Arc<GroupPlan>, c: u32, incarnations: Arc<AtomicU64>) {
     // A member now and then leaves the group gracefully and a new one
     // (another id) joins in its place.
     loop {
         let incarnation = incarnations.fetch_add(1, Ordering::SeqCst);
         let member = format!("c{c}-{incarnation}");
-        let consumer = member_life(&world, c, &member).await;
+        let consumer = member_life(&world, &plan, c, &member).await;
         world.record(&format!("consumer-{c}"), EventKind::Left { member: member.clone() });
         let _ = consumer.leave().await;
     }
 }
 
+/// A consumer group of the run: `g` reads every topic; the shape lane may
+/// add a second group with its own topics and assignor.
+#[derive(Debug, Clone)]
+struct GroupPlan {
+    name: String,
+    topics: Vec<String>,
+    assignor: pb::Assignor,
+    members: u32,
+    /// Most bytes a poll asks for (0: the broker's default).
+    poll_bytes_max: u64,
+}
+
+fn wire_assignor(choice: AssignorChoice) -> pb::Assignor {
+    match choice {
+        AssignorChoice::Sticky => pb::Assignor::Sticky,
+        AssignorChoice::Range => pb::Assignor::Range,
+        AssignorChoice::RoundRobin => pb::Assignor::RoundRobin,
+    }
+}
+
+fn group_plans(scenario: &Scenario) -> Vec<GroupPlan> {
+    let shape = scenario.shape.as_ref();
+    let poll_bytes_max = shape.map_or(0, |s| s.poll_bytes_max);
+    let mut plans = vec![GroupPlan {
+        name: MAIN_GROUP.into(),
+        topics: scenario.topics.iter().map(|t| t.name.clone()).collect(),
+        // Seeds from before the shape lane let the group take its own.
+        assignor: shape.map_or(pb::Assignor::Unspecified, |s| wire_assignor(s.assignor)),
+        members: scenario.consumers,
+        poll_bytes_max,
+    }];
+    if let Some(second) = shape.and_then(|s| s.second_group.as_ref()) {
+        plans.push(GroupPlan {
+            name: second.name.clone(),
+            topics: second.topics.clone(),
+            assignor: wire_assignor(second.assignor),
+            members: second.members,
+            poll_bytes_max,
+        });
+    }
+    plans
+}
+
 /// One member from its join until it decides to leave; returns it then.
-async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
+async fn member_life(world: &World, plan: &GroupPlan, c: u32, member: &str) -> Consumer {
     let member = member.to_string();
     let process = format!("consumer-{c}");
     let scenario = world.scenario.clone();
-    let topics: Vec<String> = scenario.topics.iter().map(|t| t.name.clone()).collect();
+    let group = plan.name.clone();
     let mut rng = madsim::rand::thread_rng();
     let mut consumer = loop {
-        match Consumer::join(world.client(), "g", &member, topics.clone(), scenario.session_timeout_ms).await {
+        let joined = Consumer::join_with_assignor(
+            world.client(),
+            &group,
+            &member,
+            plan.topics.clone(),
+            scenario.session_timeout_ms,
+            plan.assignor,
+        )
+        .await;
+        match joined {
             Ok(consumer) => break consumer,
             Err(_) => madsim::time::sleep(Duration::from_millis(200)).await,
         }
     };
+    consumer.set_poll_bytes_max(plan.poll_bytes_max);
     let mut acks = 0u32;
     let mut polls = 0u32;
     let mut positions: BTreeMap<(String, u32), u64> = BTreeMap::new();
@@ -947,6 +1034,7 @@ async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
                 world.record(
                     &process,
                     EventKind::PollOk {
+                        group: group.clone(),
                         member: member.clone(),
                         generation: *generation,
                         topic: key,
@@ -973,6 +1061,7 @@ async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
                     &process,
                     EventKind::AckInvoke {
                         op,
+                        group: group.clone(),
                         member: member.clone(),
                         generation,
                         topic: topic_key(&topic, topic_id),
@@ -1004,6 +1093,43 @@ async fn member_life(world: &World, c: u32, member: &str) -> Consumer {
                 }
             }
         }
+    }
+}
+
+/// The shape lane's reader: through the safety phase, reads a random
+/// partition from a random offset up to the high watermark it last saw,
+/// with small record and byte budgets, and records what came back (G2
+/// holds it against every other observer of those offsets).
+async fn read_by_offset(world: World) {
+    let client = world.client();
+    let mut rng = madsim::rand::thread_rng();
+    let topics = world.scenario.topics.clone();
+    let mut high_watermarks: BTreeMap<(String, u32), u64> = BTreeMap::new();
+    while world.now_ms() < world.scenario.safety_ms {
+        madsim::time::sleep(Duration::from_millis(rng.gen_range(50..300))).await;
+        let topic = &topics[rng.gen_range(0..topics.len())];
+        let partition = rng.gen_range(0..topic.partitions);
+        let known = high_watermarks.get(&(topic.name.clone(), partition)).copied().unwrap_or(0);
+        let offset = rng.gen_range(0..=known);
+        let request = pb::ReadRequest {
+            topic: topic.name.clone(),
+            partition,
+            offset,
+            max_records: rng.gen_range(1..=20),
+            max_bytes: if rng.gen_bool(0.5) { rng.gen_range(16..=256) } else { 0 },
+        };
+        // Below the log start (retention) or a broker behind: refused.
+        let Ok(read) = client.read(request).await else { continue };
+        high_watermarks.insert((topic.name.clone(), partition), read.high_watermark);
+        world.record(
+            "reader",
+            EventKind::ReadOk {
+                topic: topic_key(&topic.name, topic_id_now(&world, &topic.name)),
+                partition,
+                offset,
+                records: read.records.iter().map(seen).collect(),
+            },
+        );
     }
 }
 
@@ -1528,7 +1654,10 @@ fn lane_membership(
             let Ok(cluster) = client.describe_cluster().await else { continue };
             let registered: Vec<u64> = cluster.brokers.iter().map(|b| b.id).collect();
             let up: Vec<u64> = members(&world).into_iter().filter(|b| registered.contains(b)).collect();
-            if rng.gen_bool(0.6) || up.len() <= 3 {
+            // A removal leaves at least three brokers, and enough for the
+            // widest topic to be created again (as an operator would).
+            let widest = world.scenario.topics.iter().map(|t| t.replication_factor as usize).max().unwrap_or(3);
+            if rng.gen_bool(0.6) || up.len() <= widest.max(3) {
                 let topic = &world.scenario.topics[rng.gen_range(0..world.scenario.topics.len())];
                 let partition = rng.gen_range(0..topic.partitions);
                 let mut chosen = up.clone();
@@ -1673,6 +1802,7 @@ fn lane_hostile(
                         process,
                         EventKind::AckInvoke {
                             op,
+                            group: MAIN_GROUP.into(),
                             member: member.clone(),
                             generation,
                             topic: topic_key(&topic.name, topic_id_now(&world, &topic.name)),
@@ -2001,6 +2131,44 @@ async fn change_settings(world: &World, client: &Client, rng: &mut impl Rng) {
 /// A second group reads `topic` a little, acknowledges what it read and
 /// leaves; the operator deletes it (positions first, then the group), and
 /// no partition may still hold a position for it.
+/// With the shape lane: the operator moves `group`'s position (no member
+/// left) on one partition to its high watermark, then asks replicas for the
+/// position until one has applied the reset (G4: it is kept).
+async fn reset_to_latest(world: &World, client: &Client, group: &str, topic: &TopicSpec) {
+    if world.scenario.shape.is_none() {
+        return;
+    }
+    let partition = 0;
+    let request = pb::ResetGroupPositionRequest {
+        group: group.into(),
+        topic: topic.name.clone(),
+        partition,
+        to: Some(pb::reset_group_position_request::To::Latest(true)),
+    };
+    // Refused while the member's session lasts (a lost leave answer).
+    let deadline = world.now_ms() + 30_000;
+    let position = loop {
+        match client.reset_group_position(request.clone()).await {
+            Ok(position) => break position,
+            Err(_) if world.now_ms() >= deadline => return,
+            Err(_) => madsim::time::sleep(Duration::from_millis(500)).await,
+        }
+    };
+    // A replica that has not applied the reset yet catches up.
+    let mut kept = None;
+    for _ in 0..10 {
+        if let Ok(found) = client.group_position(group, &topic.name, partition).await {
+            kept = kept.max(Some(found.position));
+            if found.position >= position {
+                break;
+            }
+        }
+        madsim::time::sleep(Duration::from_secs(1)).await;
+    }
+    let topic = topic_key(&topic.name, topic_id_now(world, &topic.name));
+    world.record("operator", EventKind::PositionReset { group: group.into(), topic, partition, position, kept });
+}
+
 async fn audit_group(world: &World, client: &Client, topic: &TopicSpec) {
     const GROUP: &str = "audit";
     let topics = vec![topic.name.clone()];
@@ -2025,6 +2193,7 @@ async fn audit_group(world: &World, client: &Client, topic: &TopicSpec) {
     // A lost leave answer leaves the member until its session lapses: the
     // deletion is refused until then.
     let _ = consumer.leave().await;
+    reset_to_latest(world, client, GROUP, topic).await;
     let deadline = world.now_ms() + 30_000;
     let deleted = loop {
         match client.delete_group(GROUP).await {
@@ -2277,7 +2446,9 @@ fn unconsumed(world: &World) -> Option<u64> {
     let events = world.recorder.events();
     let current = current_topics(world);
     let log_starts = log_starts(world);
+    let plans = group_plans(&world.scenario);
     let mut values = BTreeMap::new();
+    // (group, value) for every group reading the record's topic.
     let mut acked = BTreeSet::new();
     let mut delivered = BTreeSet::new();
     for event in &events {
@@ -2285,18 +2456,23 @@ fn unconsumed(world: &World) -> Option<u64> {
             EventKind::ProduceInvoke { op, values: v, topic, partition, .. } => {
                 values.insert(*op, (topic.clone(), *partition, v.clone()));
             }
-            EventKind::ProduceOk { op, topic_id, base_offset, .. } => {
+            EventKind::ProduceOk { op, topic_id, base_offset, partition: went_to, .. } => {
                 if let Some((topic, partition, v)) = values.get(op) {
+                    let partition = &went_to.unwrap_or(*partition);
                     let key = topic_key(topic, *topic_id);
                     // Retention may remove records before anyone consumes them.
                     let start = log_starts.get(&(key.clone(), *partition)).copied().unwrap_or(0);
                     if current.contains(&key) {
-                        let kept = v.iter().enumerate().filter(|(i, _)| base_offset + *i as u64 >= start);
-                        acked.extend(kept.map(|(_, value)| value.clone()));
+                        for plan in plans.iter().filter(|plan| plan.topics.contains(topic)) {
+                            let kept = v.iter().enumerate().filter(|(i, _)| base_offset + *i as u64 >= start);
+                            acked.extend(kept.map(|(_, value)| (plan.name.clone(), value.clone())));
+                        }
                     }
                 }
             }
-            EventKind::PollOk { records, .. } => delivered.extend(records.iter().map(|r| r.value.clone())),
+            EventKind::PollOk { group, records, .. } => {
+                delivered.extend(records.iter().map(|r| (group.clone(), r.value.clone())))
+            }
             _ => {}
         }
     }
@@ -2334,38 +2510,43 @@ async fn await_liveness(world: &World) {
     loop {
         let done = world.producers_done.load(Ordering::SeqCst) == u64::from(world.scenario.producers);
         let missing = unconsumed(world).unwrap_or(u64::MAX);
-        let group = client.describe_group("g").await.ok();
-        let (settled, event) = match &group {
-            Some(group) => {
-                let assigned: BTreeSet<(String, u32)> = group
-                    .members
-                    .iter()
-                    .flat_map(|m| m.partitions.iter().map(|p| (p.topic.clone(), p.partition)))
-                    .collect();
-                let unassigned: Vec<(String, u32)> = world
-                    .scenario
-                    .topics
-                    .iter()
-                    .flat_map(|t| (0..t.partitions).map(|p| (t.name.clone(), p)))
-                    .filter(|p| !assigned.contains(p))
-                    .collect();
-                let settled = unassigned.is_empty() && group.members.len() as u32 == world.scenario.consumers;
-                let event = EventKind::GroupSettled {
-                    generation: group.generation,
-                    members: group.members.iter().map(|m| m.member.clone()).collect(),
-                    unassigned,
-                };
-                (settled, Some(event))
-            }
-            None => (false, None),
-        };
+        let mut settled = true;
+        let mut events = Vec::new();
+        for plan in group_plans(&world.scenario) {
+            let Ok(group) = client.describe_group(&plan.name).await else {
+                settled = false;
+                continue;
+            };
+            let assigned: BTreeSet<(String, u32)> = group
+                .members
+                .iter()
+                .flat_map(|m| m.partitions.iter().map(|p| (p.topic.clone(), p.partition)))
+                .collect();
+            let unassigned: Vec<(String, u32)> = world
+                .scenario
+                .topics
+                .iter()
+                .filter(|t| plan.topics.contains(&t.name))
+                .flat_map(|t| (0..t.partitions).map(|p| (t.name.clone(), p)))
+                .filter(|p| !assigned.contains(p))
+                .collect();
+            settled &= unassigned.is_empty() && group.members.len() as u32 == plan.members;
+            events.push(EventKind::GroupSettled {
+                group: plan.name.clone(),
+                generation: group.generation,
+                members: group.members.iter().map(|m| m.member.clone()).collect(),
+                unassigned,
+            });
+        }
         if done && missing == 0 && settled {
-            world.record("driver", event.expect("a described group"));
+            for event in events {
+                world.record("driver", event);
+            }
             break;
         }
         if world.now_ms() >= deadline {
             world.record("driver", EventKind::LivenessTimeout { missing });
-            if let Some(event) = event {
+            for event in events {
                 world.record("driver", event);
             }
             break;
@@ -2405,8 +2586,16 @@ async fn probe_writes(world: &World) {
                         }
                     }
                     if let Some(producer) = producer.as_mut() {
-                        let record = pb::Record { value: value.clone().into_bytes(), ..Default::default() };
-                        match producer.send_to(&topic, partition, vec![record]).await {
+                        // After a failed attempt the probe may be in the log
+                        // already: resend that batch, not a new one.
+                        let sent = match producer.resend_unresolved(&topic, partition).await {
+                            Ok(None) => {
+                                let record = pb::Record { value: value.clone().into_bytes(), ..Default::default() };
+                                producer.send_to(&topic, partition, vec![record]).await
+                            }
+                            resent => resent.map(|sent| sent.expect("a resent batch")),
+                        };
+                        match sent {
                             Ok(sent) => {
                                 offset = Some(sent.base_offset);
                                 topic_id = sent.topic_id;
@@ -2431,10 +2620,24 @@ async fn probe_writes(world: &World) {
 
 /// Give replicas a moment to converge, then read every replica's whole log.
 async fn final_reads(world: &World) {
+    // The operator may have grown topics: read every partition they have.
+    let counts: Vec<(String, u32)> = {
+        let metadata = newest_metadata(world);
+        world
+            .scenario
+            .topics
+            .iter()
+            .map(|topic| {
+                let name = TopicName::new(topic.name.as_str()).expect("name");
+                let now = metadata.as_ref().and_then(|m| m.topic(&name)).map_or(0, |info| info.partitions.len() as u32);
+                (topic.name.clone(), now.max(topic.partitions))
+            })
+            .collect()
+    };
     for _ in 0..40 {
-        let converged = world.scenario.topics.iter().all(|topic| {
-            (0..topic.partitions).all(|p| {
-                let tp = TopicPartition::new(TopicName::new(topic.name.as_str()).expect("name"), PartitionIndex(p));
+        let converged = counts.iter().all(|(topic, partitions)| {
+            (0..*partitions).all(|p| {
+                let tp = TopicPartition::new(TopicName::new(topic.as_str()).expect("name"), PartitionIndex(p));
                 let marks: BTreeSet<u64> =
                     world.live_nodes().iter().filter_map(|n| n.partition(&tp)).map(|s| s.high_watermark().0).collect();
                 marks.len() <= 1
@@ -2473,9 +2676,9 @@ async fn final_reads(world: &World) {
             world.record(&format!("broker-{}", broker.id), EventKind::NodeFailure { broker: broker.id, reason: fatal });
             continue;
         }
-        for topic in &world.scenario.topics {
-            for p in 0..topic.partitions {
-                let tp = TopicPartition::new(TopicName::new(topic.name.as_str()).expect("name"), PartitionIndex(p));
+        for (topic, partitions) in &counts {
+            for p in 0..*partitions {
+                let tp = TopicPartition::new(TopicName::new(topic.as_str()).expect("name"), PartitionIndex(p));
                 let Some(GroupId::Partition(_, topic_id)) = node.partition_group(&tp) else { continue };
                 let read = node.read_partition(&tp, |state, log| {
                     let records = state.read(log, state.log_start(), u32::MAX, u64::MAX).unwrap_or_default();
@@ -2494,7 +2697,7 @@ async fn final_reads(world: &World) {
                     &format!("broker-{}", broker.id),
                     EventKind::ReplicaLog {
                         broker: broker.id,
-                        topic: topic_key(&topic.name, topic_id),
+                        topic: topic_key(topic, topic_id),
                         partition: p,
                         log_start,
                         high_watermark,

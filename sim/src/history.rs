@@ -50,6 +50,11 @@ pub enum EventKind {
         /// before topics were deleted and created again in a run).
         #[serde(default)]
         topic_id: u64,
+        /// The partition the records went to, where the producer chose it
+        /// by key from the partition count it knew (the invocation names
+        /// the run's count, which a grown topic leaves behind).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        partition: Option<u32>,
     },
     ProduceFail {
         op: u64,
@@ -65,6 +70,9 @@ pub enum EventKind {
         partitions: Vec<(String, u32)>,
     },
     PollOk {
+        /// The member's group (`g` in histories from before groups had names).
+        #[serde(default = "main_group")]
+        group: String,
         member: String,
         generation: u64,
         topic: String,
@@ -74,6 +82,8 @@ pub enum EventKind {
     },
     AckInvoke {
         op: u64,
+        #[serde(default = "main_group")]
+        group: String,
         member: String,
         generation: u64,
         topic: String,
@@ -92,6 +102,31 @@ pub enum EventKind {
     AckFail {
         op: u64,
         error: String,
+    },
+    /// A consumer group of the run and the topics its members read (every
+    /// acknowledged record of them must reach the group, L1).
+    Subscribed {
+        group: String,
+        topics: Vec<String>,
+    },
+    /// A read by offset outside any group (`topic` is `name@id`): the
+    /// records must be the partition's, contiguous from `offset` (G2).
+    ReadOk {
+        topic: String,
+        partition: u32,
+        offset: u64,
+        records: Vec<Seen>,
+    },
+    /// An operator reset `group`'s position on a partition to its high
+    /// watermark, answered `position`; `kept` is the position a replica
+    /// then reported (G4: at least the reset's, the group having no
+    /// members to move it back).
+    PositionReset {
+        group: String,
+        topic: String,
+        partition: u32,
+        position: u64,
+        kept: Option<u64>,
     },
     /// A replica's applied state of a partition, sampled during the run
     /// (`incarnation` counts the broker's restarts).
@@ -117,6 +152,8 @@ pub enum EventKind {
     },
     /// The group as the coordinator sees it at the end of the liveness phase.
     GroupSettled {
+        #[serde(default = "main_group")]
+        group: String,
         generation: u64,
         members: Vec<String>,
         unassigned: Vec<(String, u32)>,
@@ -225,6 +262,13 @@ pub fn topic_key(topic: &str, topic_id: u64) -> String {
         format!("{topic}@{topic_id}")
     }
 }
+
+/// The consumer group every run has, reading every topic.
+pub fn main_group() -> String {
+    MAIN_GROUP.to_string()
+}
+
+pub const MAIN_GROUP: &str = "g";
 
 /// An event with its simulated time since the run began.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -160,12 +160,92 @@ impl FaultKind {
     }
 }
 
+/// Most partitions of the shape lane's wide topic.
+pub const WIDE_TOPIC_PARTITIONS_MAX: u32 = 50;
+
 /// One topic of the run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicSpec {
     pub name: String,
     pub partitions: u32,
     pub replication_factor: u32,
+}
+
+/// How a consumer group shares its partitions (`JoinGroupRequest.assignor`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AssignorChoice {
+    Sticky,
+    Range,
+    RoundRobin,
+}
+
+impl Shape {
+    /// The shape seeds had before the lane: sticky, one group, no budget,
+    /// no reader (as a starting point for the plants that need the lane).
+    pub fn first() -> Shape {
+        Shape { assignor: AssignorChoice::Sticky, second_group: None, poll_bytes_max: 0, reader: false }
+    }
+
+    fn describe(&self) -> String {
+        let second = self.second_group.as_ref().map_or_else(String::new, |g| {
+            format!(
+                ", group {} ({} assignor, {} members) reads {}",
+                g.name,
+                g.assignor.name(),
+                g.members,
+                g.topics.join(", ")
+            )
+        });
+        format!(
+            " group g uses the {} assignor{second}; polls ask for {}{}; ",
+            self.assignor.name(),
+            if self.poll_bytes_max == 0 {
+                "the default bytes".to_string()
+            } else {
+                format!("{} bytes", self.poll_bytes_max)
+            },
+            if self.reader { "; a reader reads by offset" } else { "" },
+        )
+    }
+}
+
+impl AssignorChoice {
+    pub const ALL: [AssignorChoice; 3] = [AssignorChoice::Sticky, AssignorChoice::Range, AssignorChoice::RoundRobin];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AssignorChoice::Sticky => "sticky",
+            AssignorChoice::Range => "range",
+            AssignorChoice::RoundRobin => "round-robin",
+        }
+    }
+}
+
+/// A consumer group besides `g`, with its own subscription and assignor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSpec {
+    pub name: String,
+    /// A subset of the run's topics.
+    pub topics: Vec<String>,
+    pub assignor: AssignorChoice,
+    /// Members, each on its own client host.
+    pub members: u32,
+}
+
+/// The workload's shape beyond one group of sticky members reading topics
+/// of replication factor 3 with no byte budget (what seeds drew before).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shape {
+    /// The assignor of group `g`, which reads every topic.
+    pub assignor: AssignorChoice,
+    /// A second group reading some of the topics.
+    pub second_group: Option<GroupSpec>,
+    /// Most bytes a member's poll asks for (0: the broker's default).
+    pub poll_bytes_max: u64,
+    /// A client reads partitions by offset (Read, no group) throughout the
+    /// safety phase; what it reads must agree with every other observer.
+    pub reader: bool,
 }
 
 /// Everything a seed decides. A scenario can also be given whole (as
@@ -235,6 +315,11 @@ pub struct Scenario {
     /// refused and change nothing.
     #[serde(default)]
     pub access_control: bool,
+    /// Replication factors 1 to 5, sometimes a wide topic, the assignors,
+    /// a second group, poll byte budgets and a reader (`None`: the shape
+    /// seeds had before this lane).
+    #[serde(default)]
+    pub shape: Option<Shape>,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -290,6 +375,7 @@ impl Scenario {
             hostile_clients: false,
             retention_bytes: None,
             access_control: false,
+            shape: None,
         }
         .with_later_lanes(&mut rng, all_faults)
     }
@@ -320,7 +406,39 @@ impl Scenario {
         }
         self.faults.sort();
         self.access_control = all_faults || rng.gen_bool(0.5);
+        if all_faults || rng.gen_bool(0.5) {
+            self.shape = Some(self.draw_shape(rng));
+        }
         self
+    }
+
+    /// Replication factors, a wide topic, groups and budgets (changes the
+    /// topics it draws for).
+    fn draw_shape(&mut self, rng: &mut StdRng) -> Shape {
+        for topic in &mut self.topics {
+            topic.replication_factor = rng.gen_range(1..=self.brokers.min(5)) as u32;
+        }
+        // Many partitions: one Raft group each on every replica.
+        if rng.gen_bool(0.125) {
+            self.topics[0].partitions = rng.gen_range(12..=WIDE_TOPIC_PARTITIONS_MAX);
+        }
+        let pick = |rng: &mut StdRng| AssignorChoice::ALL[rng.gen_range(0..AssignorChoice::ALL.len())];
+        let assignor = pick(rng);
+        let second_group = rng.gen_bool(0.5).then(|| {
+            let last = &self.topics[self.topics.len() - 1];
+            GroupSpec {
+                name: "g2".into(),
+                topics: vec![last.name.clone()],
+                assignor: pick(rng),
+                members: rng.gen_range(1..=2),
+            }
+        });
+        Shape {
+            assignor,
+            second_group,
+            poll_bytes_max: if rng.gen_bool(0.5) { rng.gen_range(16..=256) } else { 0 },
+            reader: rng.gen_bool(0.5),
+        }
     }
 
     pub fn enables(&self, kind: FaultKind) -> bool {
@@ -347,7 +465,7 @@ impl Scenario {
              records every {interval} ms{batching}; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
              hostile ack every {hostile}); \
              faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots};{membership}{hostile_client}{retention}{access} \
-             safety {safety} ms, liveness bound {liveness} ms",
+             {shape}safety {safety} ms, liveness bound {liveness} ms",
             seed = self.seed,
             brokers = self.brokers,
             topics = topics.join(", "),
@@ -378,6 +496,7 @@ impl Scenario {
                 Some(n) => format!("every {n} entries"),
                 None => "default".to_string(),
             },
+            shape = self.shape.as_ref().map_or_else(String::new, Shape::describe),
             safety = self.safety_ms,
             liveness = self.liveness_ms,
         )

@@ -79,17 +79,48 @@ fn reductions(scenario: &Scenario, faults_seen: u64) -> Vec<(String, Scenario)> 
     });
     try_one("one record per batch".into(), &|s| s.batch_records_max = 1);
     try_one("one-at-a-time producers".into(), &|s| s.batching_producers = false);
-    try_one("one broker fewer".into(), &|s| s.brokers = (s.brokers - 1).max(3));
+    try_one("one broker fewer".into(), &|s| {
+        s.brokers = (s.brokers - 1).max(3);
+        for topic in &mut s.topics {
+            topic.replication_factor = topic.replication_factor.min(s.brokers as u32);
+        }
+    });
     try_one("one topic fewer".into(), &|s| {
         if s.topics.len() > 1 {
             s.topics.pop();
         }
+        // The second group reads the last topic left.
+        let last = s.topics[s.topics.len() - 1].name.clone();
+        if let Some(group) = s.shape.as_mut().and_then(|shape| shape.second_group.as_mut()) {
+            group.topics.retain(|t| s.topics.iter().any(|topic| topic.name == *t));
+            if group.topics.is_empty() {
+                group.topics.push(last);
+            }
+        }
     });
     for t in 0..scenario.topics.len() {
+        try_one(format!("half the partitions in {}", scenario.topics[t].name), &|s| {
+            s.topics[t].partitions = (s.topics[t].partitions / 2).max(1)
+        });
         try_one(format!("one partition fewer in {}", scenario.topics[t].name), &|s| {
             s.topics[t].partitions = (s.topics[t].partitions - 1).max(1)
         });
     }
+    try_one("no second group".into(), &|s| {
+        if let Some(shape) = s.shape.as_mut() {
+            shape.second_group = None;
+        }
+    });
+    try_one("no reader".into(), &|s| {
+        if let Some(shape) = s.shape.as_mut() {
+            shape.reader = false;
+        }
+    });
+    try_one("no poll byte budget".into(), &|s| {
+        if let Some(shape) = s.shape.as_mut() {
+            shape.poll_bytes_max = 0;
+        }
+    });
     try_one("default snapshots".into(), &|s| s.snapshot_every = None);
     try_one("no membership changes".into(), &|s| s.membership = false);
     try_one("no topic deletions".into(), &|s| s.topic_lifecycle = false);

@@ -133,7 +133,7 @@ pub fn html(title: &str, events: &[Event], violations: &[Violation]) -> String {
                 let title = format!("produce op {op} by producer {producer} to {topic}/{partition}: {values:?}");
                 open_ops.insert(*op, (process.to_string(), at, "produce", title, values.clone()));
             }
-            EventKind::AckInvoke { op, member, generation, topic, partition, offset, hostile } => {
+            EventKind::AckInvoke { op, member, generation, topic, partition, offset, hostile, .. } => {
                 lane(process, &mut lanes);
                 let kind = if *hostile { "hostile ack" } else { "ack" };
                 let title =
@@ -162,7 +162,7 @@ pub fn html(title: &str, events: &[Event], violations: &[Violation]) -> String {
                     bars.push(Bar { lane, from_ms: from, to_ms: at, class, title, values });
                 }
             }
-            EventKind::PollOk { member, generation, topic, partition, invoked_at_ms, records } => {
+            EventKind::PollOk { member, generation, topic, partition, invoked_at_ms, records, .. } => {
                 lane(process, &mut lanes);
                 let values: Vec<String> = records.iter().map(|r| r.value.clone()).collect();
                 let offsets = match (records.first(), records.last()) {
@@ -429,12 +429,20 @@ mod tests {
             event(
                 30,
                 "producer-0",
-                EventKind::ProduceOk { op: 1, base_offset: 0, count: 1, duplicate: false, topic_id: 0 },
+                EventKind::ProduceOk {
+                    op: 1,
+                    base_offset: 0,
+                    count: 1,
+                    duplicate: false,
+                    topic_id: 0,
+                    partition: None,
+                },
             ),
             event(
                 40,
                 "consumer-0",
                 EventKind::PollOk {
+                    group: "g".into(),
                     member: "c0-0".into(),
                     generation: 1,
                     topic: "t0".into(),

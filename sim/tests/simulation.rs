@@ -333,3 +333,28 @@ fn l1_catches_quiet_followers_that_never_elect_after_their_leader_died() {
     // (5 the first) since members poll a broker's partitions together.
     caught_within(Plant::Bug(Bug::QuietForever), 10);
 }
+
+/// The shape lane: group g on the range assignor (its last member's share
+/// one short) leaves a partition to no one, and its records unconsumed.
+#[test]
+fn l1_catches_a_range_assignor_that_leaves_a_partition_to_no_one() {
+    // Caught in 10 of seeds 0-39 (8 the first): a topic needs more
+    // partitions than members.
+    caught_within(Plant::Bug(Bug::RangeDropsLastPartition), 20);
+}
+
+/// The shape lane: an operator resets the audit group's position (no
+/// member left) and a replica must then report it.
+#[test]
+fn g4_catches_a_position_reset_answered_but_never_applied() {
+    // Caught in 14 of seeds 0-39 (7 the first): the audit group's position
+    // must lag the high watermark it is reset to.
+    caught_within(Plant::Bug(Bug::ResetAnsweredNotApplied), 20);
+}
+
+/// The shape lane's reader: a read by offset must start at that offset.
+#[test]
+fn g2_catches_a_read_that_skips_the_record_asked_for() {
+    // Caught in every one of seeds 0-39.
+    caught_within(Plant::Bug(Bug::ReadSkipsFirstRecord), 5);
+}

@@ -17,7 +17,15 @@ pub(super) fn assign(input: AssignmentInput<'_>) -> Assignment {
         let extra = *count % subscribers.len() as u32;
         let mut next = 0u32;
         for (position, member) in subscribers.iter().enumerate() {
-            let take = share + u32::from((position as u32) < extra);
+            #[allow(unused_mut)]
+            let mut take = share + u32::from((position as u32) < extra);
+            #[cfg(madsim)]
+            if position + 1 == subscribers.len()
+                && *count > subscribers.len() as u32
+                && crate::planted::is_planted(crate::planted::Bug::RangeDropsLastPartition)
+            {
+                take -= 1;
+            }
             for index in next..next + take {
                 assignment.set_owner(TopicPartition::new(topic.clone(), PartitionIndex(index)), (*member).clone());
             }

@@ -115,6 +115,10 @@ impl KeelService {
             }
             None => return Err(Status::invalid_argument("say where to reset to: earliest, latest or an offset")),
         };
+        #[cfg(madsim)]
+        if keel_core::planted::is_planted(keel_core::planted::Bug::ResetAnsweredNotApplied) {
+            return Ok(pb::ResetGroupPositionResponse { position: position.0, had_position: true });
+        }
         match self
             .propose_partition(&partition, PartitionCommand::ResetPosition { group: request.group, position })
             .await?

@@ -350,10 +350,17 @@ impl KeelService {
             })
             .ok_or_else(|| self.hosted_elsewhere(&partition))?;
         match result {
-            (Ok(records), high_watermark) => Ok(Response::new(pb::ReadResponse {
-                records: records.into_iter().map(from_record).collect(),
-                high_watermark: high_watermark.0,
-            })),
+            #[allow(unused_mut)]
+            (Ok(mut records), high_watermark) => {
+                #[cfg(madsim)]
+                if records.len() > 1 && keel_core::planted::is_planted(keel_core::planted::Bug::ReadSkipsFirstRecord) {
+                    records.remove(0);
+                }
+                Ok(Response::new(pb::ReadResponse {
+                    records: records.into_iter().map(from_record).collect(),
+                    high_watermark: high_watermark.0,
+                }))
+            }
             (Err(message), _) => Err(Status::out_of_range(message)),
         }
     }
