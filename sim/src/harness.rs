@@ -2325,6 +2325,11 @@ fn lane_network(
                         .update_config(|c| c.send_latency = Duration::from_millis(10)..Duration::from_millis(200));
                     "messages take 10-200 ms".to_string()
                 }
+                FaultKind::Duplication => {
+                    let percent = rng.gen_range(5..=50);
+                    keel_server::raft::network::sim_duplication::set(percent);
+                    format!("{percent}% of Raft messages delivered again 1-300 ms later")
+                }
                 _ => unreachable!("not a network fault"),
             };
             world.network_faults.fetch_add(1, Ordering::SeqCst);
@@ -2339,6 +2344,7 @@ fn lane_network(
 
 fn heal_network(world: &World) {
     unclog_all(world);
+    keel_server::raft::network::sim_duplication::set(0);
     NetSim::current().update_config(|c| {
         c.packet_loss_rate = 0.0;
         c.send_latency = Duration::from_millis(1)..Duration::from_millis(10);

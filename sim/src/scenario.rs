@@ -62,13 +62,17 @@ pub enum FaultKind {
     /// forgets what it was to make durable): the broker must stop; it
     /// restarts from what its disk made durable, as after a power cut.
     DiskFailure,
+    /// A share of the Raft messages between brokers is delivered twice,
+    /// the copy 1-300 ms later (after newer messages): duplicated and
+    /// reordered messages.
+    Duplication,
 }
 
 impl FaultKind {
     /// Every kind. A seed draws the first [`FaultKind::FIRST_DRAWN`] in one
     /// go and the later ones after the rest of its scenario, so that adding
     /// a kind leaves every earlier choice of every seed as it was.
-    pub const ALL: [FaultKind; 20] = [
+    pub const ALL: [FaultKind; 21] = [
         FaultKind::Crash,
         FaultKind::LeaderCrash,
         FaultKind::Pause,
@@ -89,6 +93,7 @@ impl FaultKind {
         FaultKind::Kill,
         FaultKind::DiskFull,
         FaultKind::DiskFailure,
+        FaultKind::Duplication,
     ];
 
     /// Kinds drawn with the first choices of a seed (the ones that existed
@@ -97,6 +102,8 @@ impl FaultKind {
     /// Kinds drawn with the later lanes; the ones after are drawn last of
     /// all, one at a time, as they were added.
     pub const SECOND_DRAWN: usize = 17;
+    /// Kinds drawn before the shape lane; the ones after, after it.
+    pub const THIRD_DRAWN: usize = 20;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -120,6 +127,7 @@ impl FaultKind {
             FaultKind::Kill => "kill",
             FaultKind::DiskFull => "disk-full",
             FaultKind::DiskFailure => "disk-failure",
+            FaultKind::Duplication => "duplication",
         }
     }
 
@@ -148,6 +156,7 @@ impl FaultKind {
                 | FaultKind::PartitionBridge
                 | FaultKind::PacketLoss
                 | FaultKind::Delay
+                | FaultKind::Duplication
         )
     }
 
@@ -399,7 +408,7 @@ impl Scenario {
         if rng.gen_bool(0.5) {
             self.retention_bytes = Some(rng.gen_range(40..=200));
         }
-        for kind in &FaultKind::ALL[FaultKind::SECOND_DRAWN..] {
+        for kind in &FaultKind::ALL[FaultKind::SECOND_DRAWN..FaultKind::THIRD_DRAWN] {
             if all_faults || rng.gen_bool(0.5) {
                 self.faults.push(*kind);
             }
@@ -409,6 +418,12 @@ impl Scenario {
         if all_faults || rng.gen_bool(0.5) {
             self.shape = Some(self.draw_shape(rng));
         }
+        for kind in &FaultKind::ALL[FaultKind::THIRD_DRAWN..] {
+            if all_faults || rng.gen_bool(0.5) {
+                self.faults.push(*kind);
+            }
+        }
+        self.faults.sort();
         self
     }
 

@@ -458,6 +458,39 @@ enum Rpc {
     InstallSnapshot,
 }
 
+/// The simulation's duplicating network (madsim delivers each message once
+/// and, per connection, in order): while on, a share of the Raft messages
+/// a broker sends that were answered is delivered a second time, 1-300 ms
+/// later, so that peers see duplicates, and stale copies after newer
+/// messages. Applies to every broker of the run (one simulation runs on one
+/// thread).
+#[cfg(madsim)]
+pub mod sim_duplication {
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    use madsim::rand::Rng;
+
+    thread_local! {
+        static PERCENT: Cell<u32> = const { Cell::new(0) };
+    }
+
+    /// Deliver `percent` of answered Raft messages again (0: none).
+    pub fn set(percent: u32) {
+        PERCENT.with(|p| p.set(percent.min(100)));
+    }
+
+    /// Whether to deliver this message again, and after how long.
+    pub(super) fn draw() -> Option<Duration> {
+        let percent = PERCENT.with(Cell::get);
+        if percent == 0 {
+            return None;
+        }
+        let mut rng = madsim::rand::thread_rng();
+        rng.gen_ratio(percent, 100).then(|| Duration::from_millis(rng.gen_range(1..=300)))
+    }
+}
+
 impl PeerClient {
     async fn call<Req: Serialize, Resp: DeserializeOwned, E: std::error::Error + DeserializeOwned>(
         &self,
@@ -544,12 +577,29 @@ impl PeerClient {
             secret: identity.secret.clone(),
         });
         message.set_timeout(option.hard_ttl());
+        #[cfg(madsim)]
+        let copy = message.get_ref().clone();
         let reply = match rpc {
             Rpc::AppendEntries => client.append_entries(message).await?,
             Rpc::Vote => client.vote(message).await?,
             Rpc::InstallSnapshot => client.install_snapshot(message).await?,
         };
         self.peers.answered.lock().expect("peer answers").insert(self.target, tokio::time::Instant::now());
+        #[cfg(madsim)]
+        if let Some(after) = sim_duplication::draw() {
+            // The simulation's duplicating network: the same message again,
+            // later (after messages sent since), its answer dropped.
+            let mut client = client.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let message = tonic::Request::new(copy);
+                let _ = match rpc {
+                    Rpc::AppendEntries => client.append_entries(message).await,
+                    Rpc::Vote => client.vote(message).await,
+                    Rpc::InstallSnapshot => client.install_snapshot(message).await,
+                };
+            });
+        }
         Ok(postcard::from_bytes(&reply.into_inner().payload)?)
     }
 
