@@ -2325,6 +2325,15 @@ fn lane_network(
                         .update_config(|c| c.send_latency = Duration::from_millis(10)..Duration::from_millis(200));
                     "messages take 10-200 ms".to_string()
                 }
+                FaultKind::ClientSplit => {
+                    // Producers (and the admin) reach `small`, consumers
+                    // `large`; the brokers reach each other.
+                    let producers: Vec<HostId> =
+                        clients.iter().copied().filter(|h| !world.consumer_hosts.contains(h)).collect();
+                    clog_between(&world, &producers, &large);
+                    clog_between(&world, &world.consumer_hosts, &small);
+                    format!("producers reach only brokers {:?}, consumers only {:?}", ids(&small), ids(&large))
+                }
                 FaultKind::Duplication => {
                     let percent = rng.gen_range(5..=50);
                     keel_server::raft::network::sim_duplication::set(percent);

@@ -66,13 +66,16 @@ pub enum FaultKind {
     /// the copy 1-300 ms later (after newer messages): duplicated and
     /// reordered messages.
     Duplication,
+    /// Producers reach only some brokers and consumers only the others:
+    /// clients split from each other, each side from part of the cluster.
+    ClientSplit,
 }
 
 impl FaultKind {
     /// Every kind. A seed draws the first [`FaultKind::FIRST_DRAWN`] in one
     /// go and the later ones after the rest of its scenario, so that adding
     /// a kind leaves every earlier choice of every seed as it was.
-    pub const ALL: [FaultKind; 21] = [
+    pub const ALL: [FaultKind; 22] = [
         FaultKind::Crash,
         FaultKind::LeaderCrash,
         FaultKind::Pause,
@@ -94,6 +97,7 @@ impl FaultKind {
         FaultKind::DiskFull,
         FaultKind::DiskFailure,
         FaultKind::Duplication,
+        FaultKind::ClientSplit,
     ];
 
     /// Kinds drawn with the first choices of a seed (the ones that existed
@@ -128,6 +132,7 @@ impl FaultKind {
             FaultKind::DiskFull => "disk-full",
             FaultKind::DiskFailure => "disk-failure",
             FaultKind::Duplication => "duplication",
+            FaultKind::ClientSplit => "client-split",
         }
     }
 
@@ -157,6 +162,7 @@ impl FaultKind {
                 | FaultKind::PacketLoss
                 | FaultKind::Delay
                 | FaultKind::Duplication
+                | FaultKind::ClientSplit
         )
     }
 
