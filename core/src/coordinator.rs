@@ -175,7 +175,7 @@ mod tests {
             member: member.into(),
             topics: vec!["t".into()],
             session_timeout_ms: 10_000,
-            assignor: AssignorKind::StickyBalanced,
+            assignor: Some(AssignorKind::StickyBalanced),
         };
         metadata.apply(TimestampMs(at), &command).unwrap();
     }
@@ -302,7 +302,7 @@ mod epoch_tests {
             member: "a".into(),
             topics: vec!["t".into()],
             session_timeout_ms: 10_000,
-            assignor: AssignorKind::StickyBalanced,
+            assignor: Some(AssignorKind::StickyBalanced),
         };
         metadata.apply(TimestampMs(0), &join).unwrap();
         // The same member id joins again (another process): a new epoch.

@@ -55,7 +55,7 @@ fn command() -> impl Strategy<Value = MetadataCommand> {
         1 => (name(&TOPICS), 0u32..5, proptest::collection::vec(1u64..6, 0..4)).prop_map(|(topic, p, replicas)| MetadataCommand::MoveReplicas {
             topic, partition: PartitionIndex(p), replicas: replicas.into_iter().map(BrokerId).collect()
         }),
-        6 => (name(&GROUPS), name(&MEMBERS), proptest::collection::vec(name(&TOPICS), 0..4), prop_oneof![Just(50u64), Just(100), Just(500), Just(1000), Just(1001)], assignor)
+        6 => (name(&GROUPS), name(&MEMBERS), proptest::collection::vec(name(&TOPICS), 0..4), prop_oneof![Just(50u64), Just(100), Just(500), Just(1000), Just(1001)], proptest::option::of(assignor))
             .prop_map(|(group, member, topics, session_timeout_ms, assignor)| MetadataCommand::JoinGroup { group, member, topics, session_timeout_ms, assignor }),
         2 => (name(&GROUPS), name(&MEMBERS)).prop_map(|(group, member)| MetadataCommand::LeaveGroup { group, member }),
         2 => (name(&GROUPS), proptest::collection::vec((name(&MEMBERS), 0u64..6), 0..3)).prop_map(|(group, members)| MetadataCommand::ExpireMembers { group, members }),
@@ -287,7 +287,10 @@ impl Model {
                 match self.groups.get(group) {
                     None if self.groups.len() >= l.groups_max as usize => Err("TooManyGroups"),
                     None => Ok(()),
-                    Some(g) if g.assignor != *assignor && !g.members.is_empty() => Err("AssignorMismatch"),
+                    // No assignor named: the group's own, never a mismatch.
+                    Some(g) if assignor.is_some_and(|a| a != g.assignor) && !g.members.is_empty() => {
+                        Err("AssignorMismatch")
+                    }
                     Some(g)
                         if !g.members.contains_key(member) && g.members.len() >= l.members_per_group_max as usize =>
                     {
@@ -456,12 +459,14 @@ impl Model {
                 MetadataCommand::JoinGroup { group, member, topics, assignor, .. },
                 MetadataOutcome::Joined { member_epoch, .. },
             ) => {
+                let assignor =
+                    assignor.unwrap_or_else(|| self.groups.get(group).map_or(AssignorKind::default(), |g| g.assignor));
                 let entry = self.groups.entry(group.clone()).or_insert(ModelGroup {
-                    assignor: *assignor,
+                    assignor,
                     members: BTreeMap::new(),
                     next_epoch: self.epoch_floor,
                 });
-                entry.assignor = *assignor;
+                entry.assignor = assignor;
                 let topics: BTreeSet<String> = topics.iter().cloned().collect();
                 // Every join is a new membership epoch.
                 entry.members.insert(member.clone(), ModelMember { topics, epoch: entry.next_epoch });

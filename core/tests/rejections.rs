@@ -8,7 +8,7 @@ use keel_core::partition::{
 };
 use keel_core::placement::PlacementError;
 use keel_core::record::{Record, RecordError};
-use keel_core::{BrokerId, Generation, Limits, Offset, PartitionIndex, ProducerId, Sequence, TimestampMs};
+use keel_core::{BrokerId, Generation, GroupName, Limits, Offset, PartitionIndex, ProducerId, Sequence, TimestampMs};
 
 fn small_limits() -> Limits {
     Limits {
@@ -79,7 +79,7 @@ fn join(
         member: member.into(),
         topics: topics.iter().map(|t| t.to_string()).collect(),
         session_timeout_ms,
-        assignor,
+        assignor: Some(assignor),
     }
 }
 
@@ -199,6 +199,30 @@ fn metadata_rejections() {
         rejected(join("g", "m", &["t"], 10_000, AssignorKind::Range)),
         MetadataRejection::AssignorMismatch { .. }
     ));
+}
+
+/// A join that names no assignor takes the group's own, decided in apply
+/// (a new group's is sticky), so it is never refused for a mismatch.
+#[test]
+fn a_join_without_an_assignor_takes_the_groups_own() {
+    let mut state = MetadataState::new(Limits::default());
+    let broker =
+        MetadataCommand::RegisterBroker { broker: BrokerId(1), address: "h:1".into(), internal_address: "ih:1".into() };
+    state.apply(TimestampMs(1), &broker).unwrap();
+    state.apply(TimestampMs(1), &create("t", 2, 1)).unwrap();
+    let unnamed = |group: &str, member: &str| MetadataCommand::JoinGroup {
+        group: group.into(),
+        member: member.into(),
+        topics: vec!["t".into()],
+        session_timeout_ms: 10_000,
+        assignor: None,
+    };
+    let group = |state: &MetadataState, name: &str| state.group(&GroupName::new(name).unwrap()).unwrap().assignor;
+    state.apply(TimestampMs(2), &join("r", "a", &["t"], 10_000, AssignorKind::Range)).unwrap();
+    state.apply(TimestampMs(3), &unnamed("r", "b")).unwrap();
+    assert_eq!(group(&state, "r"), AssignorKind::Range);
+    state.apply(TimestampMs(4), &unnamed("fresh", "a")).unwrap();
+    assert_eq!(group(&state, "fresh"), AssignorKind::StickyBalanced);
 }
 
 #[test]

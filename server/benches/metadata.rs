@@ -73,7 +73,7 @@ fn join(group: u32, member: u32, topics: &[String]) -> MetadataCommand {
         member: format!("member-{member}"),
         topics: topics.to_vec(),
         session_timeout_ms: 10_000,
-        assignor: AssignorKind::StickyBalanced,
+        assignor: Some(AssignorKind::StickyBalanced),
     }
 }
 

@@ -59,7 +59,7 @@ fn command(choices: &mut Choices) -> MetadataCommand {
             member: choices.name("m", 4),
             topics: (0..1 + choices.below(3)).map(|_| choices.name("t", 4)).collect(),
             session_timeout_ms: 10_000,
-            assignor: AssignorKind::StickyBalanced,
+            assignor: Some(AssignorKind::StickyBalanced),
         },
         8 => MetadataCommand::LeaveGroup { group: choices.name("g", 3), member: choices.name("m", 4) },
         9 => MetadataCommand::ExpireMembers {

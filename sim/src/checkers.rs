@@ -639,12 +639,18 @@ fn liveness(events: &[Event], acked: &[Acked], findings: &mut Findings) -> u64 {
                 ),
             ),
             EventKind::LivenessTimeout { missing } => {
-                let group = events.iter().rev().find_map(|e| match &e.kind {
-                    EventKind::GroupSettled { group, generation, members, unassigned } => Some(format!(
-                        "{group}: generation {generation}, members {members:?}, unassigned {unassigned:?}"
-                    )),
-                    _ => None,
-                });
+                // Every group as last described (one event each at the end).
+                let groups: BTreeMap<&str, String> = events
+                    .iter()
+                    .filter_map(|e| match &e.kind {
+                        EventKind::GroupSettled { group, generation, members, unassigned } => Some((
+                            group.as_str(),
+                            format!("{group}: generation {generation}, members {members:?}, unassigned {unassigned:?}"),
+                        )),
+                        _ => None,
+                    })
+                    .collect();
+                let group = (!groups.is_empty()).then(|| groups.into_values().collect::<Vec<_>>().join("; "));
                 findings.add(
                     Guarantee::L1,
                     format!(

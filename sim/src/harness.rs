@@ -1581,7 +1581,16 @@ fn check_failover(world: &World, crashed: u64, led: &[(GroupId, BTreeSet<u64>)],
             && replicas
                 .iter()
                 .all(|(_, m)| m.membership_config.membership().voter_ids().collect::<BTreeSet<_>>() == *voters);
-        if !others_up || !same_voters {
+        // Without the crashed voter, every configuration (two while a move
+        // is under way) must keep a majority to elect: a group of one or
+        // two voters does not (replication factors 1 and 2).
+        let majority_left = replicas.first().is_some_and(|(_, m)| {
+            m.membership_config.membership().get_joint_config().iter().all(|config| {
+                let left = config.iter().filter(|v| **v != crashed).count();
+                left * 2 > config.len()
+            })
+        });
+        if !others_up || !same_voters || !majority_left {
             continue;
         }
         let leader = replicas.iter().find(|(_, m)| m.state == openraft::ServerState::Leader).map(|(id, _)| *id);
@@ -2128,12 +2137,12 @@ async fn change_settings(world: &World, client: &Client, rng: &mut impl Rng) {
     }
 }
 
-/// A second group reads `topic` a little, acknowledges what it read and
-/// leaves; the operator deletes it (positions first, then the group), and
-/// no partition may still hold a position for it.
 /// With the shape lane: the operator moves `group`'s position (no member
 /// left) on one partition to its high watermark, then asks replicas for the
 /// position until one has applied the reset (G4: it is kept).
+/// Asks, a second apart, for the position after a reset before judging it.
+const RESET_CHECKS: u32 = 30;
+
 async fn reset_to_latest(world: &World, client: &Client, group: &str, topic: &TopicSpec) {
     if world.scenario.shape.is_none() {
         return;
@@ -2154,9 +2163,10 @@ async fn reset_to_latest(world: &World, client: &Client, group: &str, topic: &To
             Err(_) => madsim::time::sleep(Duration::from_millis(500)).await,
         }
     };
-    // A replica that has not applied the reset yet catches up.
+    // A replica that has not applied the reset yet catches up (given time
+    // for faults of the safety phase to pass: they follow each other).
     let mut kept = None;
-    for _ in 0..10 {
+    for _ in 0..RESET_CHECKS {
         if let Ok(found) = client.group_position(group, &topic.name, partition).await {
             kept = kept.max(Some(found.position));
             if found.position >= position {
@@ -2169,6 +2179,9 @@ async fn reset_to_latest(world: &World, client: &Client, group: &str, topic: &To
     world.record("operator", EventKind::PositionReset { group: group.into(), topic, partition, position, kept });
 }
 
+/// A second group reads `topic` a little, acknowledges what it read and
+/// leaves; the operator deletes it (positions first, then the group), and
+/// no partition may still hold a position for it.
 async fn audit_group(world: &World, client: &Client, topic: &TopicSpec) {
     const GROUP: &str = "audit";
     let topics = vec![topic.name.clone()];
@@ -2674,12 +2687,24 @@ async fn final_reads(world: &World) {
             let name = TopicName::new(topic.name.as_str()).expect("name");
             let Some(info) = metadata.topic(&name) else { continue };
             for (p, placement) in info.partitions.iter().enumerate() {
+                // Where the records must be is the group's voters: a move
+                // the metadata has made but Raft has not finished yet keeps
+                // them on the old replicas (as the most advanced replica of
+                // the group sees its membership, both sides while joint).
+                let tp = TopicPartition::new(name.clone(), PartitionIndex(p as u32));
+                let group = GroupId::Partition(tp, info.id);
+                let voters = world
+                    .live_nodes()
+                    .iter()
+                    .filter_map(|node| node.raft(&group).map(|raft| raft.metrics().borrow().clone()))
+                    .max_by_key(|m| m.last_applied.map(|id| id.index))
+                    .map(|m| m.membership_config.membership().voter_ids().collect::<Vec<u64>>());
                 world.record(
                     "driver",
                     EventKind::Placement {
                         topic: topic_key(&topic.name, info.id),
                         partition: p as u32,
-                        replicas: placement.replicas.iter().map(|b| b.0).collect(),
+                        replicas: voters.unwrap_or_else(|| placement.replicas.iter().map(|b| b.0).collect()),
                     },
                 );
             }

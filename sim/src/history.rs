@@ -226,7 +226,9 @@ pub enum EventKind {
         attack: String,
         accepted: Option<String>,
     },
-    /// A partition's replicas in the final metadata.
+    /// A partition's replicas at the end: the voters of its Raft group as
+    /// its most advanced live replica sees them (a move the metadata made
+    /// may not have finished), else the final metadata's placement.
     Placement {
         topic: String,
         partition: u32,

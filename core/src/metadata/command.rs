@@ -44,7 +44,16 @@ pub enum MetadataCommand {
     /// subscription. Every join gives the member a new epoch (fencing the
     /// holder of the older one); rejoining with the same subscription keeps
     /// the assignment and the generation.
-    JoinGroup { group: String, member: String, topics: Vec<String>, session_timeout_ms: u64, assignor: AssignorKind },
+    /// `assignor`: the one the member asks for; `None` takes the group's
+    /// own (sticky for a new group), decided here in apply so that a join
+    /// racing another cannot resolve it from stale metadata.
+    JoinGroup {
+        group: String,
+        member: String,
+        topics: Vec<String>,
+        session_timeout_ms: u64,
+        assignor: Option<AssignorKind>,
+    },
     /// Remove a member; its partitions are handed on at once.
     LeaveGroup { group: String, member: String },
     /// Remove members whose sessions lapsed on the coordinator. Each member

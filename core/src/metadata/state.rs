@@ -658,9 +658,11 @@ impl MetadataState {
         member: &str,
         topics: &[String],
         session_timeout_ms: u64,
-        assignor: AssignorKind,
+        assignor: Option<AssignorKind>,
     ) -> MetadataResult {
         let group_name = GroupName::new(group)?;
+        let assignor =
+            assignor.unwrap_or_else(|| self.groups.get(&group_name).map_or_else(AssignorKind::default, |g| g.assignor));
         let member_id = validate_member(member)?;
         let subscription = validate_subscription(topics, self.limits.subscriptions_per_member_max)?;
         let (min, max) = (self.limits.session_timeout_ms_min, self.limits.session_timeout_ms_max);

@@ -164,8 +164,8 @@ pub(super) fn check_member(
     }
 }
 
-/// The assignor a join names (not [`pb::Assignor::Unspecified`], which
-/// means the group's own).
+/// The assignor a join names ([`pb::Assignor::Unspecified`] is handled
+/// before: it means the group's own).
 pub(super) fn assignor_kind(named: pb::Assignor) -> AssignorKind {
     match named {
         pb::Assignor::Unspecified | pb::Assignor::Sticky => AssignorKind::StickyBalanced,
@@ -240,12 +240,10 @@ impl KeelService {
                 names.join(", ")
             )));
         }
+        // Unspecified: the group's own, decided when the join applies.
         let assignor = match pb::Assignor::try_from(request.assignor) {
-            Ok(pb::Assignor::Unspecified) => {
-                let group = GroupName::new(request.group.as_str()).map_err(invalid_name)?;
-                metadata.group(&group).map_or(AssignorKind::default(), |g| g.assignor)
-            }
-            Ok(named) => assignor_kind(named),
+            Ok(pb::Assignor::Unspecified) => None,
+            Ok(named) => Some(assignor_kind(named)),
             Err(_) => {
                 return Err(Status::invalid_argument(format!(
                     "unknown assignor {}: use sticky, range or round-robin (or leave it unset for the group's own)",
@@ -331,7 +329,7 @@ impl KeelService {
 
     /// Confirm leadership of a partition's group with a quorum and wait
     /// until this replica has applied up to the read index.
-    async fn confirm_leadership(&self, partition: &TopicPartition) -> Result<(), Status> {
+    pub(super) async fn confirm_leadership(&self, partition: &TopicPartition) -> Result<(), Status> {
         let group = self.node.partition_group(partition).ok_or_else(|| self.hosted_elsewhere(partition))?;
         if self.node.raft(&group).is_none() {
             return Err(self.hosted_elsewhere(partition));
@@ -706,7 +704,7 @@ mod tests {
                 member: member.into(),
                 topics: vec!["t".into()],
                 session_timeout_ms: 10_000,
-                assignor: AssignorKind::StickyBalanced,
+                assignor: Some(AssignorKind::StickyBalanced),
             });
         }
         metadata

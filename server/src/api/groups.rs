@@ -99,6 +99,16 @@ impl KeelService {
                 "group {group} has members: stop them (or wait for their sessions to expire) before resetting"
             )));
         }
+        // Earliest and latest are read from this replica's state: it must
+        // lead and have applied everything committed, or a new leader's
+        // stale high watermark would move the position back past acks it
+        // has not applied yet.
+        if matches!(
+            request.to,
+            Some(pb::reset_group_position_request::To::Earliest(_) | pb::reset_group_position_request::To::Latest(_))
+        ) {
+            self.confirm_leadership(&partition).await?;
+        }
         let state = self.node.partition(&partition).ok_or_else(|| self.hosted_elsewhere(&partition))?;
         let position = match request.to {
             Some(pb::reset_group_position_request::To::Earliest(_)) => state.log_start(),

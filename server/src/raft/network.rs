@@ -578,7 +578,7 @@ impl PeerClient {
         });
         message.set_timeout(option.hard_ttl());
         #[cfg(madsim)]
-        let copy = message.get_ref().clone();
+        let copy = sim_duplication::draw().map(|after| (after, message.get_ref().clone(), option.hard_ttl()));
         let reply = match rpc {
             Rpc::AppendEntries => client.append_entries(message).await?,
             Rpc::Vote => client.vote(message).await?,
@@ -586,13 +586,14 @@ impl PeerClient {
         };
         self.peers.answered.lock().expect("peer answers").insert(self.target, tokio::time::Instant::now());
         #[cfg(madsim)]
-        if let Some(after) = sim_duplication::draw() {
+        if let Some((after, copy, ttl)) = copy {
             // The simulation's duplicating network: the same message again,
             // later (after messages sent since), its answer dropped.
             let mut client = client.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
-                let message = tonic::Request::new(copy);
+                let mut message = tonic::Request::new(copy);
+                message.set_timeout(ttl);
                 let _ = match rpc {
                     Rpc::AppendEntries => client.append_entries(message).await,
                     Rpc::Vote => client.vote(message).await,
