@@ -1208,7 +1208,7 @@ where
                             // refreshing the voters' leader lease, and a lease that has not expired
                             // rejects the vote request. Leave the established leadership alone.
                             tracing::info!("ExternalCommand: already a Leader, ignore election trigger");
-                        } else if self.engine.state.membership_state.effective().is_voter(&self.id) {
+                        } else if self.may_elect() {
                             self.engine.elect();
                             tracing::debug!("ExternalCommand: triggered election");
                         } else {
@@ -1437,6 +1437,21 @@ where
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
+    /// keel: whether this node may campaign. A voter of its effective (latest) membership may; so
+    /// may a voter of the committed membership whose latest one, not committed yet, leaves it out.
+    /// That is the leader that proposed the change and lost the lead before it committed: the new
+    /// voters may lack the entry and need this node's vote, which it refuses them (its log is
+    /// longer), and without this no one elects, for good (an RF-1 partition moved to another
+    /// broker under a network partition: keel sim seed 90001256). Campaigning under its latest
+    /// membership, as Raft's servers do, it is elected by the new voters, commits the change and
+    /// steps down.
+    fn may_elect(&self) -> bool {
+        let membership = &self.engine.state.membership_state;
+        membership.effective().is_voter(&self.id)
+            || (membership.committed().log_id() != membership.effective().log_id()
+                && membership.committed().is_voter(&self.id))
+    }
+
     fn handle_tick_election(&mut self) {
         let now = C::now();
 
@@ -1449,7 +1464,7 @@ where
             return;
         }
 
-        if !self.engine.state.membership_state.effective().is_voter(&self.id) {
+        if !self.may_elect() {
             tracing::debug!("this node is not a voter");
             return;
         }
@@ -1459,7 +1474,8 @@ where
             return;
         }
 
-        if self.engine.state.membership_state.effective().voter_ids().count() == 1 {
+        let effective = self.engine.state.membership_state.effective();
+        if effective.voter_ids().count() == 1 && effective.is_voter(&self.id) {
             if self.engine.candidate_ref().is_some() {
                 tracing::debug!("skip election, single voter already has an active election in progress");
                 return;

@@ -88,7 +88,13 @@ where
 
     /// Grant the vote by a node.
     pub(crate) fn grant_by(&mut self, target: &C::NodeId) -> bool {
-        let granted = *self.progress.update(target, true).expect("target not in quorum set");
+        // keel: a candidate campaigning under a membership that leaves it out (see
+        // `RaftCore::may_elect`) grants itself a vote that counts for nothing: the quorum is the
+        // other voters'. Err carries what the quorum has granted so far.
+        let granted = match self.progress.update(target, true) {
+            Ok(granted) => *granted,
+            Err(granted) => *granted,
+        };
 
         tracing::info!(voting = display(&self), "{}", func_name!());
 

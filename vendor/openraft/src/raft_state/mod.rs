@@ -375,7 +375,14 @@ where
     ///
     /// [Determine Server State]: crate::docs::data::vote#vote-and-membership-define-the-server-state
     pub(crate) fn is_leading(&self, id: &NID) -> bool {
-        self.membership_state.contains(id) && self.vote.leader_id().voted_for().as_ref() == Some(id)
+        // keel: a voter of the committed membership also leads (or campaigns) while a later
+        // membership that leaves it out is not committed yet: it proposed that change, and must
+        // be able to finish it (see `RaftCore::may_elect`).
+        let membership = &self.membership_state;
+        let member = membership.contains(id)
+            || (membership.committed().log_id() != membership.effective().log_id()
+                && membership.committed().membership().is_voter(id));
+        member && self.vote.leader_id().voted_for().as_ref() == Some(id)
     }
 
     /// The node is leader
