@@ -351,7 +351,7 @@ async fn every_bad_input_gets_its_documented_status_and_changes_nothing() {
     assert!(wrong.is_empty(), "bad input answered wrongly:\n{}", wrong.join("\n"));
 
     // Nothing changed, and the broker still serves.
-    let topics = c.list_topics(pb::ListTopicsRequest {}).await.unwrap().into_inner().topics;
+    let topics = c.list_topics(pb::ListTopicsRequest::default()).await.unwrap().into_inner().topics;
     assert_eq!(topics.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["t"]);
     assert_eq!(high_watermark(&mut c).await, 2);
     let group = c.describe_group(pb::DescribeGroupRequest { group: "g".into() }).await.unwrap().into_inner();

@@ -121,7 +121,7 @@ impl Keel for KeelService {
         request: Request<pb::ListTopicsRequest>,
     ) -> Result<Response<pb::ListTopicsResponse>, Status> {
         // Lists what the caller may describe.
-        self.guarded("ListTopics", request, nothing, |caller, _| async move { self.list_topics_call(&caller).await })
+        self.guarded("ListTopics", request, nothing, |caller, r| async move { self.list_topics_call(&caller, r).await })
             .await
     }
 

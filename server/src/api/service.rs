@@ -447,7 +447,11 @@ impl KeelService {
     pub(super) async fn list_topics_call(
         &self,
         caller: &super::Caller,
+        request: Request<pb::ListTopicsRequest>,
     ) -> Result<Response<pb::ListTopicsResponse>, Status> {
+        if request.into_inner().leader_only {
+            self.fresh_metadata().await?;
+        }
         let metadata = self.node.metadata();
         let topics = metadata
             .topics()
@@ -458,23 +462,29 @@ impl KeelService {
         Ok(Response::new(pb::ListTopicsResponse { topics }))
     }
 
-    pub(super) async fn describe_topic_call(
-        &self,
-        request: Request<pb::DescribeTopicRequest>,
-    ) -> Result<Response<pb::DescribeTopicResponse>, Status> {
-        let request = request.into_inner();
-        let name = TopicName::new(request.topic).map_err(invalid_name)?;
-        if request.leader_only && !self.node.is_metadata_leader().await {
+    /// Refuse unless this broker leads the metadata group (naming the
+    /// leader), then catch up with everything committed: a leader just
+    /// elected may not have applied what its predecessor committed (a
+    /// deletion, a creation).
+    async fn fresh_metadata(&self) -> Result<(), Status> {
+        if !self.node.is_metadata_leader().await {
             let message = format!("broker {} does not lead the metadata group", self.node.id());
             return Err(match self.node.metadata_leader().await {
                 Some((id, address)) => with_leader(Status::failed_precondition(message), id, &address),
                 None => Status::unavailable(format!("{message}; no leader is known yet, retry shortly")),
             });
         }
+        self.applied_to_read_index(&GroupId::Metadata, "the metadata group").await
+    }
+
+    pub(super) async fn describe_topic_call(
+        &self,
+        request: Request<pb::DescribeTopicRequest>,
+    ) -> Result<Response<pb::DescribeTopicResponse>, Status> {
+        let request = request.into_inner();
+        let name = TopicName::new(request.topic).map_err(invalid_name)?;
         if request.leader_only {
-            // A leader just elected may not yet have applied what its
-            // predecessor committed (a deletion, say): catch up first.
-            self.applied_to_read_index(&GroupId::Metadata, "the metadata group").await?;
+            self.fresh_metadata().await?;
         }
         let metadata = self.node.metadata();
         let Some(info) = metadata.topic(&name) else {
