@@ -338,6 +338,14 @@ impl Node {
         if request.broker == 0 {
             return Err(JoinRefusal::Refused("broker id 0 is reserved: give the broker an id of 1 or more".into()));
         }
+        tracing::debug!(broker = request.broker, rejoin = request.rejoin, "a broker asks to join");
+        if request.rejoin && !names(&raft, request.broker) {
+            return Err(JoinRefusal::Refused(format!(
+                "broker {} was removed from the cluster: it does not add itself back; to bring it back as a new \
+                 member, empty its data directory and start it with --join",
+                request.broker
+            )));
+        }
         match self.add_broker(request.broker, request.address, request.internal_address).await {
             Ok(()) => Ok(()),
             Err(MembershipError::Propose(ProposeError::NotLeader { .. })) => {
@@ -351,14 +359,27 @@ impl Node {
         }
     }
 
+    /// Whether this broker's own metadata log names it (voter or learner):
+    /// it was a member before. Asked of the Raft core, not its metrics,
+    /// which are empty until the core has loaded the log after a restart.
+    async fn was_member(&self) -> bool {
+        let Some(raft) = self.raft(&GroupId::Metadata) else { return false };
+        let me = self.id();
+        raft.with_raft_state(move |state| state.membership_state.effective().membership().get_node(&me).is_some())
+            .await
+            .unwrap_or(false)
+    }
+
     /// Join the cluster through the broker at `internal_address` (following
     /// it to the metadata leader): returns once this broker is registered,
-    /// has caught up and votes. Harmless to repeat.
+    /// has caught up and votes. Harmless to repeat; refused for good once the
+    /// cluster has removed this broker.
     pub async fn join_cluster(&self, internal_address: String) -> Result<(), JoinRefusal> {
         let request = JoinRequest {
             broker: self.id(),
             address: self.inner.config.advertised.clone(),
             internal_address: self.inner.config.internal_advertised.clone(),
+            rejoin: self.was_member().await,
         };
         let mut target = internal_address;
         let mut last = JoinRefusal::Retry("no attempt made".into());
@@ -381,10 +402,12 @@ impl Node {
     /// Keep this broker's registration (its two addresses) current while it
     /// votes in the metadata group: the leader registers itself; the others
     /// ask the leader over the internal transport. A broker removed from the
-    /// metadata group does not register again.
+    /// metadata group does not register again: neither one whose own log
+    /// shows it on the way out, nor (the leader checks) one removed while
+    /// it was down, whose log never heard of it.
     pub(super) async fn keep_registration(&self, raft: &Raft, leading: bool) {
         let me = self.id();
-        if !voters(raft).contains(&me) {
+        if !voters(raft).contains(&me) || self.removed_from_cluster() {
             return;
         }
         let (address, internal_address) =
@@ -404,7 +427,7 @@ impl Node {
             return;
         }
         let (_, Some(leader)) = self.metadata_leader_internal(raft) else { return };
-        let request = JoinRequest { broker: me, address, internal_address };
+        let request = JoinRequest { broker: me, address, internal_address, rejoin: true };
         match self.inner.peers.join(&leader, &request, Duration::from_secs(5)).await {
             Ok(Ok(())) => {}
             Ok(Err(refusal)) => tracing::debug!(%refusal, "the metadata leader did not register this broker yet"),
