@@ -165,6 +165,7 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         // Records retention removes are exempt from the checks a plant must
         // trip: no retention in negative controls.
         scenario.retention_bytes = None;
+        scenario.retention_ms = None;
         // Nor access control, unless the plant is about it: the controls
         // keep the runs their seeds were chosen for.
         scenario.access_control = plant == Plant::Bug(Bug::AclIgnored);
@@ -765,6 +766,7 @@ async fn setup_topics(world: &World) {
             partitions: topic.partitions,
             replication_factor: topic.replication_factor,
             retention_bytes: world.scenario.retention_bytes,
+            retention_ms: world.scenario.retention_ms,
             ..Default::default()
         };
         while client.create_topic(request.clone()).await.is_err() {
@@ -824,7 +826,7 @@ async fn produce(world: World, p: u32) {
             ),
             Err(error) => world.record(&process, EventKind::ProduceFail { op, error: error.to_string() }),
         }
-        madsim::time::sleep(Duration::from_millis(scenario.produce_interval_ms)).await;
+        madsim::time::sleep(Duration::from_millis(scenario.produce_pace_ms())).await;
     }
     world.producers_done.fetch_add(1, Ordering::SeqCst);
 }
@@ -905,8 +907,9 @@ async fn produce_batching(world: World, p: u32) {
                 Err(error) => world.record(&process, EventKind::ProduceFail { op, error: error.to_string() }),
             }
         }
-        // A tenth of the one-at-a-time pause: batches overlap in flight.
-        madsim::time::sleep(Duration::from_millis(scenario.produce_interval_ms / 10)).await;
+        // The one-at-a-time pace: batches overlap in flight while faults
+        // hold them up (four at most).
+        madsim::time::sleep(Duration::from_millis(scenario.produce_pace_ms())).await;
     }
     producer.close().await;
     drop(acks);
@@ -1014,8 +1017,14 @@ async fn member_life(world: &World, plan: &GroupPlan, c: u32, member: &str) -> C
         if world.now_ms() < scenario.safety_ms && rng.gen_ratio(1, 200) {
             return consumer;
         }
+        // The slow member (lane `slow_consumer`): few records a poll, long
+        // processing, through the safety phase only.
+        let slow = (group == MAIN_GROUP && c == 0 && world.now_ms() < scenario.safety_ms)
+            .then_some(scenario.slow_consumer.as_ref())
+            .flatten();
         let invoked_at_ms = world.now_ms();
-        let deliveries = match consumer.poll(100, Duration::from_millis(300)).await {
+        let records_max = slow.map_or(100, |slow| slow.records_per_poll);
+        let deliveries = match consumer.poll(records_max, Duration::from_millis(300)).await {
             Ok(deliveries) => deliveries,
             Err(_) => {
                 madsim::time::sleep(Duration::from_millis(100)).await;
@@ -1047,6 +1056,9 @@ async fn member_life(world: &World, plan: &GroupPlan, c: u32, member: &str) -> C
             if let Some(last) = delivered.last() {
                 pending.insert((topic.clone(), partition), (last.record.offset, topic_id));
             }
+        }
+        if let Some(slow) = slow {
+            madsim::time::sleep(Duration::from_millis(slow.pause_ms)).await;
         }
         polls += 1;
         if polls % scenario.ack_every_polls != 0 || pending.is_empty() {
@@ -2056,6 +2068,7 @@ fn lane_topics(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std
                 partitions: topic.partitions,
                 replication_factor: topic.replication_factor,
                 retention_bytes: world.scenario.retention_bytes,
+                retention_ms: world.scenario.retention_ms,
                 ..Default::default()
             };
             // Re-created even after the safety phase: the workload needs it.

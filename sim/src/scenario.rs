@@ -175,6 +175,21 @@ impl FaultKind {
     }
 }
 
+/// The range of the time retention lane's age limit: long enough that a
+/// run's last records outlive it, short enough that the log start moves by
+/// age within the safety phase.
+pub const RETENTION_MS_MIN: u64 = 5_000;
+pub const RETENTION_MS_MAX: u64 = 30_000;
+
+/// A member that falls far behind (see [`Scenario::slow_consumer`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlowConsumer {
+    /// How long it processes what one poll returned.
+    pub pause_ms: u64,
+    /// Most records one of its polls asks for.
+    pub records_per_poll: u32,
+}
+
 /// Most partitions of the shape lane's wide topic.
 pub const WIDE_TOPIC_PARTITIONS_MAX: u32 = 50;
 
@@ -335,6 +350,19 @@ pub struct Scenario {
     /// seeds had before this lane).
     #[serde(default)]
     pub shape: Option<Shape>,
+    /// Every topic also keeps records for at most this long (by the
+    /// partition leader's clock and the records' append times, which the
+    /// clock lanes skew and step by hours): the log start moves by age.
+    /// Records it removes need neither survive nor be consumed.
+    #[serde(default)]
+    pub retention_ms: Option<u64>,
+    /// One member of the group `g` falls far behind through the safety
+    /// phase: it takes few records per poll and processes them slowly
+    /// (while staying in its session), so retention passes its position
+    /// and the others' progress does not hide its lag; it catches up once
+    /// the faults heal.
+    #[serde(default)]
+    pub slow_consumer: Option<SlowConsumer>,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -391,6 +419,8 @@ impl Scenario {
             retention_bytes: None,
             access_control: false,
             shape: None,
+            retention_ms: None,
+            slow_consumer: None,
         }
         .with_later_lanes(&mut rng, all_faults)
     }
@@ -430,6 +460,16 @@ impl Scenario {
             }
         }
         self.faults.sort();
+        // Like byte retention, on for half the seeds even with every fault:
+        // what it removes is exempt from the consumption checks.
+        if rng.gen_bool(0.5) {
+            self.retention_ms = Some(rng.gen_range(RETENTION_MS_MIN..=RETENTION_MS_MAX));
+        }
+        if all_faults || rng.gen_bool(0.5) {
+            // Well inside the session, so the slow member stays a member.
+            let pause_ms = rng.gen_range(300..=self.session_timeout_ms / 2);
+            self.slow_consumer = Some(SlowConsumer { pause_ms, records_per_poll: rng.gen_range(1..=3) });
+        }
         self
     }
 
@@ -462,6 +502,16 @@ impl Scenario {
         }
     }
 
+    /// The pause between a producer's batches: the drawn interval, or
+    /// longer, so that writes go on through most of the safety phase while
+    /// faults come and go (the drawn interval alone ended most producers'
+    /// writes within seconds: a fifth of all-fault seeds had no
+    /// acknowledged record left to check once a topic was deleted).
+    pub fn produce_pace_ms(&self) -> u64 {
+        let spread = self.safety_ms * 3 / 4 / u64::from(self.batches_per_producer.max(1));
+        self.produce_interval_ms.max(spread)
+    }
+
     pub fn enables(&self, kind: FaultKind) -> bool {
         self.faults.contains(&kind)
     }
@@ -485,7 +535,7 @@ impl Scenario {
             "seed {seed}: {brokers} brokers; topics {topics}; {producers} producers x {batches} batches of 1-{records} \
              records every {interval} ms{batching}; {consumers} consumers (session {session} ms, acks every {ack_every} polls, \
              hostile ack every {hostile}); \
-             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots};{membership}{hostile_client}{retention}{access} \
+             faults [{faults}] every ~{fault_interval} ms lasting {d0}-{d1} ms{max_faults}; snapshots {snapshots};{membership}{hostile_client}{retention}{slow}{access} \
              {shape}safety {safety} ms, liveness bound {liveness} ms",
             seed = self.seed,
             brokers = self.brokers,
@@ -493,7 +543,7 @@ impl Scenario {
             producers = self.producers,
             batches = self.batches_per_producer,
             records = self.batch_records_max,
-            interval = self.produce_interval_ms,
+            interval = self.produce_pace_ms(),
             batching = if self.batching_producers { " (batching, several in flight)" } else { "" },
             consumers = self.consumers,
             session = self.session_timeout_ms,
@@ -511,7 +561,16 @@ impl Scenario {
             },
             hostile_client = if self.hostile_clients { " a hostile client forges acks, polls and produces;" } else { "" },
             access = if self.access_control { " requests are authorised against access rules;" } else { "" },
-            retention = self.retention_bytes.map_or_else(String::new, |b| format!(" retention keeps {b} bytes per partition;")),
+            retention = match (self.retention_bytes, self.retention_ms) {
+                (Some(b), Some(ms)) => format!(" retention keeps {b} bytes per partition and {ms} ms of records;"),
+                (Some(b), None) => format!(" retention keeps {b} bytes per partition;"),
+                (None, Some(ms)) => format!(" retention keeps {ms} ms of records;"),
+                (None, None) => String::new(),
+            },
+            slow = self.slow_consumer.as_ref().map_or_else(String::new, |slow| format!(
+                " member c0 of g falls behind (at most {} records per poll, {} ms on each);",
+                slow.records_per_poll, slow.pause_ms
+            )),
             max_faults = self.max_faults.map_or_else(String::new, |n| format!(", at most {n}")),
             snapshots = match self.snapshot_every {
                 Some(n) => format!("every {n} entries"),
