@@ -762,12 +762,22 @@ impl Client {
 
     pub async fn describe_cluster(&self) -> Result<pb::DescribeClusterResponse, ClientError> {
         let cluster = self
-            .call(Route::Any, |mut c| async move { c.describe_cluster(pb::DescribeClusterRequest {}).await })
+            .call(Route::Any, |mut c| async move {
+                c.describe_cluster(pb::DescribeClusterRequest { leader_only: false }).await
+            })
             .await?;
         for broker in &cluster.brokers {
             self.learn(&Route::Any, &broker.address);
         }
         Ok(cluster)
+    }
+
+    /// The cluster as the metadata leader has it once it applied everything
+    /// committed: a broker just registered or removed is seen as such (a
+    /// broker's own replica may lag). Decide removals with this.
+    pub async fn describe_cluster_fresh(&self) -> Result<pb::DescribeClusterResponse, ClientError> {
+        let request = pb::DescribeClusterRequest { leader_only: true };
+        self.call(Route::Metadata, |mut c| async move { c.describe_cluster(request).await }).await
     }
 
     /// The cluster's settings: name, value and scope of each.

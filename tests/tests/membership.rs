@@ -271,6 +271,17 @@ fn a_broker_removed_while_down_does_not_join_again_by_itself() {
     assert!(!status.success(), "{stderr}");
     assert!(stderr.contains("was removed from the cluster"), "{stderr}");
     assert_eq!(registered(b2), [1, 2, 3], "the removed broker registered itself again");
+    // The metadata leader's view, asked through any broker, agrees; and a
+    // second removal is refused as not registered, by the leader.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let through_3 = Client::new(vec![addresses[2].clone()], RetryPolicy::default()).unwrap();
+    let fresh = runtime.block_on(through_3.describe_cluster_fresh()).unwrap();
+    let mut fresh_ids: Vec<u64> = fresh.brokers.iter().map(|b| b.id).collect();
+    fresh_ids.sort();
+    assert_eq!(fresh_ids, [1, 2, 3]);
+    let again = cli(addresses[2].as_str(), &["cluster", "remove-broker", "4"], "");
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("not registered"), "{again:?}");
     cli_ok(b2, &["topic", "create", "after", "--partitions", "6", "--replication-factor", "1"], "");
     let after = json(b2, &["topic", "describe", "after", "--json"]);
     for p in after["partitions"].as_array().unwrap() {

@@ -495,8 +495,11 @@ impl KeelService {
 
     pub(super) async fn describe_cluster_call(
         &self,
-        _request: Request<pb::DescribeClusterRequest>,
+        request: Request<pb::DescribeClusterRequest>,
     ) -> Result<Response<pb::DescribeClusterResponse>, Status> {
+        if request.into_inner().leader_only {
+            self.fresh_metadata().await?;
+        }
         let metadata = self.node.metadata();
         let brokers = metadata
             .brokers()
@@ -553,6 +556,9 @@ impl KeelService {
         &self,
         request: Request<pb::RemoveBrokerRequest>,
     ) -> Result<Response<pb::RemoveBrokerResponse>, Status> {
+        // Its refusals (not registered, still holding replicas) are checked
+        // on the leader's metadata: everything committed applied first.
+        self.fresh_metadata().await?;
         self.node.remove_broker(request.into_inner().broker).await.map_err(membership_error)?;
         Ok(Response::new(pb::RemoveBrokerResponse {}))
     }
