@@ -17,6 +17,11 @@ const REFUSED_PAUSE: Duration = Duration::from_millis(100);
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delivery {
     pub topic: String,
+    /// The topic's incarnation the record was read from (0: not known):
+    /// ack with it ([`Consumer::ack_in`]), so that an offset read before
+    /// the topic was deleted and created again never moves the new log's
+    /// position.
+    pub topic_id: u64,
     pub partition: u32,
     pub record: pb::StoredRecord,
 }
@@ -394,7 +399,12 @@ impl Consumer {
         }
         records
             .into_iter()
-            .map(|record| Delivery { topic: assigned.topic.clone(), partition: assigned.partition, record })
+            .map(|record| Delivery {
+                topic: assigned.topic.clone(),
+                topic_id: assigned.topic_id,
+                partition: assigned.partition,
+                record,
+            })
             .collect()
     }
 
@@ -402,7 +412,34 @@ impl Consumer {
     /// `Ok(None)` means this member was fenced (a rebalance moved the
     /// partition): it has rejoined, and the new owner reads on from the last
     /// commit, so these records may be delivered again (at-least-once).
+    ///
+    /// The offset counts in the topic's incarnation this member is
+    /// assigned now; an offset read earlier (before a rebalance, say) may
+    /// come from one deleted since: ack those with [`Consumer::ack_in`].
     pub async fn ack(&mut self, topic: &str, partition: u32, offset: u64) -> Result<Option<u64>, ClientError> {
+        let topic_id = self
+            .partitions
+            .iter()
+            .find(|p| p.topic == topic && p.partition == partition && p.topic_id != 0)
+            .map_or(0, |p| p.topic_id);
+        self.ack_in(topic, topic_id, partition, offset).await
+    }
+
+    /// [`Consumer::ack`] of an offset read from incarnation `topic_id` of
+    /// the topic (a [`Delivery`]'s; 0: whichever is current). Refused if
+    /// that incarnation was deleted, as when fenced (`Ok(None)`, the member
+    /// rejoins): its offsets say nothing of the new log (simulation seed
+    /// 160000093: a slow member
+    /// acked, after the topic was created again, an offset it had read
+    /// before the deletion, and the group skipped the new log's first
+    /// record).
+    pub async fn ack_in(
+        &mut self,
+        topic: &str,
+        topic_id: u64,
+        partition: u32,
+        offset: u64,
+    ) -> Result<Option<u64>, ClientError> {
         let request = pb::AckRequest {
             group: self.group.clone(),
             member: self.member.clone(),
@@ -411,11 +448,7 @@ impl Consumer {
             partition,
             offset,
             member_epoch: self.member_epoch,
-            topic_id: self
-                .partitions
-                .iter()
-                .find(|p| p.topic == topic && p.partition == partition && p.topic_id != 0)
-                .map(|p| p.topic_id),
+            topic_id: (topic_id != 0).then_some(topic_id),
         };
         let route = Route::Partition(topic.to_string(), partition);
         let acked = self

@@ -1085,7 +1085,7 @@ async fn member_life(world: &World, plan: &GroupPlan, c: u32, member: &str) -> C
                 op
             };
             let op = ack(offset, false, consumer.generation());
-            match consumer.ack(&topic, partition, offset).await {
+            match consumer.ack_in(&topic, topic_id, partition, offset).await {
                 Ok(Some(position)) => {
                     positions.insert((topic.clone(), partition), position);
                     world.record(&process, EventKind::AckOk { op, position });
@@ -1098,7 +1098,7 @@ async fn member_life(world: &World, plan: &GroupPlan, c: u32, member: &str) -> C
                 let position = positions.get(&(topic.clone(), partition)).copied().unwrap_or(0);
                 let hostile = if rng.gen_bool(0.5) && position >= 2 { position - 2 } else { offset + 1_000 };
                 let op = ack(hostile, true, consumer.generation());
-                match consumer.ack(&topic, partition, hostile).await {
+                match consumer.ack_in(&topic, topic_id, partition, hostile).await {
                     Ok(Some(position)) => world.record(&process, EventKind::AckOk { op, position }),
                     Ok(None) => world.record(&process, EventKind::AckFenced { op }),
                     Err(error) => world.record(&process, EventKind::AckFail { op, error: error.to_string() }),
@@ -2213,7 +2213,7 @@ async fn audit_group(world: &World, client: &Client, topic: &TopicSpec) {
         let Ok(deliveries) = consumer.poll(100, Duration::from_millis(300)).await else { continue };
         if let Some(last) = deliveries.last() {
             let (name, partition) = (last.topic.clone(), last.partition);
-            if matches!(consumer.ack(&name, partition, last.record.offset).await, Ok(Some(_))) {
+            if matches!(consumer.ack_in(&name, last.topic_id, partition, last.record.offset).await, Ok(Some(_))) {
                 acked += 1;
             }
         }

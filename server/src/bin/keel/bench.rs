@@ -620,11 +620,14 @@ async fn consume(args: ConsumeBench, connection: &Connection) -> anyhow::Result<
                 for delivery in &deliveries {
                     let size = delivery.record.record.as_ref().map_or(0, |r| r.value.len());
                     bytes.fetch_add(size as u64, Ordering::Relaxed);
-                    last.insert((delivery.topic.clone(), delivery.partition), delivery.record.offset);
+                    last.insert(
+                        (delivery.topic.clone(), delivery.partition),
+                        (delivery.topic_id, delivery.record.offset),
+                    );
                 }
                 consumed.fetch_add(deliveries.len() as u64, Ordering::Relaxed);
-                for ((topic, partition), offset) in last {
-                    match consumer.ack(&topic, partition, offset).await {
+                for ((topic, partition), (topic_id, offset)) in last {
+                    match consumer.ack_in(&topic, topic_id, partition, offset).await {
                         Ok(Some(_)) => {}
                         // Fenced, and rejoined: the rest would be refused too.
                         Ok(None) => break,

@@ -2053,13 +2053,17 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
         // one's last record (not interrupted: a signal waits for it).
         let mut last = BTreeMap::new();
         for delivery in &deliveries {
-            last.insert((delivery.topic.as_str(), delivery.partition), delivery.record.offset);
+            last.insert((delivery.topic.as_str(), delivery.partition), (delivery.topic_id, delivery.record.offset));
         }
-        for ((topic, partition), offset) in last {
-            if consumer.ack(topic, partition, offset).await?.is_none() {
+        for ((topic, partition), (topic_id, offset)) in last {
+            match consumer.ack_in(topic, topic_id, partition, offset).await {
+                Ok(Some(_)) => {}
                 // Fenced, and rejoined: the rest of this poll's acks would
                 // be refused too; its records come again.
-                break;
+                // (Also when the topic was deleted since the poll: its
+                // offsets say nothing of a new log.)
+                Ok(None) => break,
+                Err(error) => return Err(error.into()),
             }
         }
         for notice in consumer.take_notices() {
