@@ -342,6 +342,13 @@ impl Node {
                     && m.current_leader == Some(report.broker)
                     && m.current_term == q.term
                     && m.last_log_index == q.last_index
+                    // Applied, too: a follower restarted after a power cut
+                    // may hold every entry but not know they committed (the
+                    // commit index is not synced), and a quiet leader sends
+                    // no heartbeat to tell it; quiet, it never applied them
+                    // (sim seed 160009226). Not quiet, it elects in time,
+                    // and the new leader commits them.
+                    && m.last_applied.map(|l| l.index) == q.last_index
             };
             match (matches, following.get_mut(group)) {
                 (true, Some(followed)) => {
