@@ -112,14 +112,24 @@ async fn records_live_in_the_log_until_retention_passes_them() {
     assert_eq!((state.last_purged_log_id, state.last_log_id), (Some(log_id(3)), Some(log_id(3))));
     assert_eq!(values(&replica.records().1), expected(1..=3));
 
-    // Retention keeps the last 6 records (offsets 6..12): entry 1 holds
-    // none of them any more and goes; entry 2 holds offsets 6 and 7.
+    // Retention keeps the last 6 records (offsets 6..12). Reads start at
+    // 6 at once, but with no snapshot yet every record stays: a first
+    // snapshot may be under way with the state from before, and must find
+    // its records when it becomes current.
     replica.append_and_apply(vec![keeping(4, 6)]).await;
     let (start, records) = replica.records();
     assert_eq!(start, Offset(6));
     assert_eq!(values(&records), expected(1..=3)[6..].to_vec());
+    assert!(replica.stored(1), "no snapshot yet: entry 1 stays");
+    assert!(replica.state_machine.snapshot_due_for_retention(start).unwrap(), "a snapshot is asked for");
+
+    // The snapshot starts at offset 6: entry 1 holds none of its records
+    // and goes; entry 2 holds offsets 6 and 7.
+    replica.state_machine.get_snapshot_builder().await.build_snapshot().await.unwrap();
     assert!(!replica.stored(1), "an entry behind retention and the purge point is deleted");
     assert!(replica.stored(2) && replica.stored(3) && replica.stored(4));
+    assert!(!replica.state_machine.snapshot_due_for_retention(start).unwrap());
+    assert_eq!(values(&replica.records().1), expected(1..=3)[6..].to_vec());
 
     // A later purge deletes nothing more: the log is kept from the first
     // entry in use on (entries after it, records or not, go with it).

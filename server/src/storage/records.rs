@@ -289,9 +289,14 @@ impl RecordLog for RecordWriter<'_, '_> {
     fn remove_before(&mut self, offset: Offset) -> Result<(), StoreError> {
         self.flush()?;
         // The current snapshot keeps its records (a follower may need them)
-        // until a newer snapshot replaces it.
+        // until a newer snapshot replaces it. With none yet, every record
+        // stays: the first snapshot may be under way with the state it read
+        // before this retention, and when it becomes current it must find
+        // the records from that state's log start on (sim seed 170000193).
+        // `snapshot_due_for_retention` asks for that snapshot, whose
+        // `make_current` then lets the records behind it go.
         let kept = CurrentSnapshot::read(&self.txn.open_table(SNAPSHOTS)?, self.group)?
-            .map_or(u64::MAX, |snapshot| snapshot.records_from);
+            .map_or(0, |snapshot| snapshot.records_from);
         forget_runs_before(self.txn, &mut self.runs, self.group, Offset(offset.0.min(kept)))
     }
 }
