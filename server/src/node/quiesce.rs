@@ -335,21 +335,7 @@ impl Node {
         let mut following = quiet.following.lock().expect("following");
         for (group, q) in &listed {
             let Some(raft) = self.raft(group) else { continue };
-            let matches = {
-                let metrics = raft.metrics();
-                let m = metrics.borrow();
-                m.state == ServerState::Follower
-                    && m.current_leader == Some(report.broker)
-                    && m.current_term == q.term
-                    && m.last_log_index == q.last_index
-                    // Applied, too: a follower restarted after a power cut
-                    // may hold every entry but not know they committed (the
-                    // commit index is not synced), and a quiet leader sends
-                    // no heartbeat to tell it; quiet, it never applied them
-                    // (sim seed 160009226). Not quiet, it elects in time,
-                    // and the new leader commits them.
-                    && m.last_applied.map(|l| l.index) == q.last_index
-            };
+            let matches = FollowerView::of(&raft.metrics().borrow()).may_go_quiet(report.broker, q);
             match (matches, following.get_mut(group)) {
                 (true, Some(followed)) => {
                     *followed = Following { leader: report.broker, wake_at: None };
@@ -471,6 +457,42 @@ pub(super) fn following_timers(raft: &Raft, on: bool) {
     raft.runtime_config().tick(on);
 }
 
+/// What a follower's metrics say, for deciding whether it may go quiet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FollowerView {
+    state: ServerState,
+    leader: Option<NodeId>,
+    term: u64,
+    last_log_index: Option<u64>,
+    last_applied: Option<u64>,
+}
+
+impl FollowerView {
+    fn of(metrics: &openraft::RaftMetrics<NodeId, openraft::BasicNode>) -> Self {
+        FollowerView {
+            state: metrics.state,
+            leader: metrics.current_leader,
+            term: metrics.current_term,
+            last_log_index: metrics.last_log_index,
+            last_applied: metrics.last_applied.map(|l| l.index),
+        }
+    }
+
+    /// Whether this replica follows `leader` in `quiet`'s term with all of
+    /// the leader's log, and has applied it too: a follower restarted after
+    /// a power cut may hold every entry but not know they committed (the
+    /// commit index is not synced), and a quiet leader sends no heartbeat
+    /// to tell it; quiet, it never applied them (sim seed 160009226). Not
+    /// quiet, it elects in time, and the new leader commits them.
+    fn may_go_quiet(&self, leader: NodeId, quiet: &QuietGroup) -> bool {
+        self.state == ServerState::Follower
+            && self.leader == Some(leader)
+            && self.term == quiet.term
+            && self.last_log_index == quiet.last_index
+            && self.last_applied == quiet.last_index
+    }
+}
+
 /// This replica's delay, within [`WAKE_SPREAD`], before a group whose
 /// leader went unheard elects: fixed per group and broker, so replicas of
 /// one group and groups of one broker spread out, and a seed replays alike.
@@ -501,5 +523,27 @@ mod tests {
         assert_eq!(lateness.grace(later), Duration::ZERO, "the grace ends");
         lateness.record(Duration::from_millis(5), later);
         assert_eq!(lateness.grace(later), Duration::from_millis(5));
+    }
+
+    /// A follower goes quiet only under the listed leader and term, with
+    /// the leader's whole log, and once it has applied it.
+    #[test]
+    fn a_follower_goes_quiet_only_once_it_has_applied_the_leaders_log() {
+        let quiet = QuietGroup { group: "t/0".into(), term: 4, last_index: Some(9) };
+        let caught_up = FollowerView {
+            state: ServerState::Follower,
+            leader: Some(2),
+            term: 4,
+            last_log_index: Some(9),
+            last_applied: Some(9),
+        };
+        assert!(caught_up.may_go_quiet(2, &quiet));
+        let not_applied = FollowerView { last_applied: Some(7), ..caught_up };
+        assert!(!not_applied.may_go_quiet(2, &quiet), "entries held but not known committed");
+        assert!(!FollowerView { last_applied: None, ..caught_up }.may_go_quiet(2, &quiet));
+        assert!(!FollowerView { last_log_index: Some(8), last_applied: Some(8), ..caught_up }.may_go_quiet(2, &quiet));
+        assert!(!FollowerView { term: 5, ..caught_up }.may_go_quiet(2, &quiet), "another term");
+        assert!(!caught_up.may_go_quiet(3, &quiet), "another leader");
+        assert!(!FollowerView { state: ServerState::Candidate, ..caught_up }.may_go_quiet(2, &quiet));
     }
 }
