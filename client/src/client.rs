@@ -931,7 +931,8 @@ impl Client {
         .await
     }
 
-    /// A group's position on one partition (from one of its replicas).
+    /// A group's position on one partition, as its leader has it after a
+    /// read index (current; unavailable while the partition has no leader).
     pub async fn group_position(
         &self,
         group: &str,
