@@ -331,8 +331,14 @@ impl KeelService {
     /// until this replica has applied up to the read index.
     pub(super) async fn confirm_leadership(&self, partition: &TopicPartition) -> Result<(), Status> {
         let group = self.node.partition_group(partition).ok_or_else(|| self.hosted_elsewhere(partition))?;
-        if self.node.raft(&group).is_none() {
-            return Err(self.hosted_elsewhere(partition));
+        let Some(raft) = self.node.raft(&group) else { return Err(self.hosted_elsewhere(partition)) };
+        // A follower names the leader it knows: the read index would only
+        // fail here, and the client retry this broker blind.
+        let leader = raft.metrics().borrow().current_leader;
+        if leader.is_some_and(|leader| leader != self.node.id()) {
+            let address = leader
+                .and_then(|id| self.node.metadata().brokers().get(&keel_core::BrokerId(id)).map(|b| b.address.clone()));
+            return Err(super::errors::not_leader(crate::node::ProposeError::NotLeader { group, leader, address }));
         }
         self.applied_to_read_index(&group, &partition.to_string()).await
     }
