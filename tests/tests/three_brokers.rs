@@ -329,3 +329,40 @@ fn topic_describe_shows_what_the_replicas_report() {
     assert_eq!(sick["leaderless_partitions"].as_array().map(Vec::len), Some(1), "{sick}");
     assert_eq!(sick["under_replicated_partitions"].as_array().map(Vec::len), Some(1), "{sick}");
 }
+
+/// A group's position is read on the partition's leader (a follower may
+/// not have applied the latest forget or ack): a follower asked names the
+/// leader, and the client library and CLI answer from any broker.
+#[test]
+fn a_group_position_is_read_on_the_leader_and_a_follower_names_it() {
+    use keel_proto::v1 as pb;
+    let cluster = Cluster::start();
+    let b1 = cluster.addresses[0].clone();
+    cli_ok(&b1, &["topic", "create", "events", "--partitions", "1", "--replication-factor", "3"], "");
+    cli_ok(&b1, &["produce", "events"], "one\ntwo\nthree\n");
+    cli_ok(&b1, &["group", "reset", "g", "--topic", "events", "--to", "latest"], "");
+    let described: serde_json::Value =
+        serde_json::from_str(&cli_ok(&b1, &["topic", "describe", "events", "--json"], "")).unwrap();
+    let leader = keel_tests::number(&described["partitions"][0]["leader"]) as usize;
+    assert!(leader >= 1, "partition 0 has a leader: {described}");
+    let leader_address = cluster.addresses[leader - 1].clone();
+    let follower = cluster.addresses[leader % 3].clone();
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let channel =
+            tonic::transport::Channel::from_shared(format!("http://{follower}")).unwrap().connect().await.unwrap();
+        let mut raw = pb::keel_client::KeelClient::new(channel);
+        let request = pb::GroupPositionRequest { group: "g".into(), topic: "events".into(), partition: 0 };
+        let refused = raw.group_position(request).await.expect_err("a follower does not answer a position");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+        let named = refused.metadata().get("keel-leader").and_then(|v| v.to_str().ok());
+        assert_eq!(named, Some(format!("{leader}@{leader_address}").as_str()), "{refused:?}");
+
+        // The client library follows the hint from any broker.
+        let client = keel_client::Client::new(vec![follower.clone()], keel_client::RetryPolicy::default()).unwrap();
+        let position = client.group_position("g", "events", 0).await.unwrap();
+        assert!(position.committed);
+        assert_eq!((position.position, position.high_watermark), (3, 3));
+    });
+}
