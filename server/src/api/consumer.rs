@@ -336,11 +336,17 @@ impl KeelService {
         // fail here, and the client retry this broker blind.
         let leader = raft.metrics().borrow().current_leader;
         if leader.is_some_and(|leader| leader != self.node.id()) {
-            let address = leader
-                .and_then(|id| self.node.metadata().brokers().get(&keel_core::BrokerId(id)).map(|b| b.address.clone()));
-            return Err(super::errors::not_leader(crate::node::ProposeError::NotLeader { group, leader, address }));
+            return Err(self.led_elsewhere(group, leader));
         }
         self.applied_to_read_index(&group, &partition.to_string()).await
+    }
+
+    /// A refusal from a replica that does not lead `group`, naming the
+    /// leader it knows by its client address (from the metadata).
+    fn led_elsewhere(&self, group: crate::group::GroupId, leader: Option<crate::raft::types::NodeId>) -> Status {
+        let address = leader
+            .and_then(|id| self.node.metadata().brokers().get(&keel_core::BrokerId(id)).map(|b| b.address.clone()));
+        super::errors::not_leader(crate::node::ProposeError::NotLeader { group, leader, address })
     }
 
     /// Confirm with a quorum that this broker leads `group` (named `what` in
@@ -395,13 +401,7 @@ impl KeelService {
         let leader =
             group_id.as_ref().and_then(|g| self.node.raft(g)).and_then(|r| r.metrics().borrow().current_leader);
         if leader != Some(self.node.id()) {
-            let address = leader
-                .and_then(|id| self.node.metadata().brokers().get(&keel_core::BrokerId(id)).map(|b| b.address.clone()));
-            return Err(super::errors::not_leader(crate::node::ProposeError::NotLeader {
-                group: group_id.unwrap_or(crate::group::GroupId::Metadata),
-                leader,
-                address,
-            }));
+            return Err(self.led_elsewhere(group_id.unwrap_or(crate::group::GroupId::Metadata), leader));
         }
         match state.groups().get(group).and_then(|g| g.claim.as_ref()) {
             Some(claim) if claim.generation == generation && claim.member == *member => {
