@@ -110,6 +110,7 @@ pub fn check(events: &[Event]) -> Verdict {
     // history up to the panic shows.
     let complete = events.iter().any(|e| matches!(&e.kind, EventKind::Phase { name } if name == "final"));
     node_failures(events, &mut findings);
+    joins_refused(events, &mut findings);
     one_record_per_offset(events, &mut findings);
     order(events, &mut findings);
     committed_offsets(events, &mut findings);
@@ -517,6 +518,26 @@ fn fencing(events: &[Event], findings: &mut Findings) {
     }
 }
 
+/// L1: a broker joins unless the operator removed it. A join refused as
+/// "removed" for a broker never drained nor removed leaves it outside the
+/// cluster for good (sim seed 220008084: its learner entry was lost in a
+/// power cut, and its own log made it look like a member).
+fn joins_refused(events: &[Event], findings: &mut Findings) {
+    let mut removing = BTreeSet::new();
+    for event in events {
+        let EventKind::Operator { op, detail, outcome } = &event.kind else { continue };
+        let broker = detail.strip_prefix("broker ").and_then(|rest| rest.split(' ').next()).unwrap_or("");
+        match op.as_str() {
+            "drain" | "remove" => {
+                removing.insert(broker.to_string());
+            }
+            "joined" if outcome.starts_with("refused") && !removing.contains(broker) => findings
+                .add(Guarantee::L1, format!("broker {broker} was never removed, but its join was refused: {outcome}")),
+            _ => {}
+        }
+    }
+}
+
 /// G7: no node panicked or failed fatally. A disk that does not reopen
 /// after a power cut lost what it acknowledged (G1).
 fn node_failures(events: &[Event], findings: &mut Findings) {
@@ -698,4 +719,35 @@ fn liveness(events: &[Event], acked: &[Acked], findings: &mut Findings) -> u64 {
         }
     }
     duplicates
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn operator(at_ms: u64, op: &str, detail: &str, outcome: &str) -> Event {
+        Event {
+            at_ms,
+            process: "operator".into(),
+            kind: EventKind::Operator { op: op.into(), detail: detail.into(), outcome: outcome.into() },
+        }
+    }
+
+    #[test]
+    fn a_join_refused_is_a_finding_only_for_a_broker_never_removed() {
+        let refused = "refused: Refused(\"broker 4 was removed from the cluster\")";
+        let mut findings = Findings { violations: Vec::new(), per_guarantee: BTreeMap::new() };
+        joins_refused(&[operator(9_000, "joined", "broker 4 through 10.0.0.1:7100", refused)], &mut findings);
+        assert_eq!(findings.violations.len(), 1, "{:?}", findings.violations);
+        assert_eq!(findings.violations[0].guarantee, Guarantee::L1);
+
+        let mut findings = Findings { violations: Vec::new(), per_guarantee: BTreeMap::new() };
+        let events = [
+            operator(3_000, "joined", "broker 4 through 10.0.0.1:7100", "ok"),
+            operator(5_000, "drain", "broker 4", "ok: 2 moved"),
+            operator(9_000, "joined", "broker 4 through 10.0.0.1:7100", refused),
+        ];
+        joins_refused(&events, &mut findings);
+        assert!(findings.violations.is_empty(), "{:?}", findings.violations);
+    }
 }

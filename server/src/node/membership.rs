@@ -359,15 +359,22 @@ impl Node {
         }
     }
 
-    /// Whether this broker's own metadata log names it (voter or learner):
-    /// it was a member before. Asked of the Raft core, not its metrics,
-    /// which are empty until the core has loaded the log after a restart.
-    async fn was_member(&self) -> bool {
+    /// Whether this broker's own metadata log names it as a voter: it was
+    /// a member before, so a leader that does not name it removed it. A
+    /// log that names it only as a learner proves nothing: the learner
+    /// entry may never have committed (a power cut in the middle of the
+    /// join, and a new leader without it; sim seed 220008084), while a
+    /// voter entry is only appended once the learner entry committed.
+    /// Asked of the Raft core, not its metrics, which are empty until the
+    /// core has loaded the log after a restart.
+    async fn was_voter(&self) -> bool {
         let Some(raft) = self.raft(&GroupId::Metadata) else { return false };
         let me = self.id();
-        raft.with_raft_state(move |state| state.membership_state.effective().membership().get_node(&me).is_some())
-            .await
-            .unwrap_or(false)
+        raft.with_raft_state(move |state| {
+            state.membership_state.effective().membership().voter_ids().any(|voter| voter == me)
+        })
+        .await
+        .unwrap_or(false)
     }
 
     /// Join the cluster through the broker at `internal_address` (following
@@ -379,7 +386,7 @@ impl Node {
             broker: self.id(),
             address: self.inner.config.advertised.clone(),
             internal_address: self.inner.config.internal_advertised.clone(),
-            rejoin: self.was_member().await,
+            rejoin: self.was_voter().await,
         };
         let mut target = internal_address;
         let mut last = JoinRefusal::Retry("no attempt made".into());

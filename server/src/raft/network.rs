@@ -102,10 +102,11 @@ pub struct JoinRequest {
     pub address: String,
     /// Where brokers reach it.
     pub internal_address: String,
-    /// The broker was a member before (its own metadata log names it): the
-    /// leader takes it back only while its membership still names it, so a
-    /// broker removed while it was down or cut off (its own log never heard
-    /// of the removal) cannot add itself back by restarting with `--join`.
+    /// The broker was a member before (its own metadata log names it as a
+    /// voter): the leader takes it back only while its membership still
+    /// names it, so a broker removed while it was down or cut off (its own
+    /// log never heard of the removal) cannot add itself back by restarting
+    /// with `--join`.
     pub rejoin: bool,
 }
 
