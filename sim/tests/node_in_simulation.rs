@@ -187,3 +187,62 @@ fn three_brokers_commit_through_a_power_cut_and_replay_exactly() {
         assert_eq!(first, second, "seed {seed} did not replay to the same trace");
     }
 }
+
+/// A simulated broker takes thousands of calls a second, as a real one
+/// does: every simulated call is a connection of its own, and madsim's
+/// accept takes at least 1 ms, so a server with one accept loop answered
+/// at most 1,000 calls a second; past that, calls waited for their accept
+/// longer than the 75 ms Raft limit, were retried and never caught up (sim
+/// seed 230001136: a broker restarted under 100 partition leaders).
+#[test]
+fn a_simulated_broker_accepts_thousands_of_calls_a_second() {
+    const CALLS: usize = 2_000;
+    let runtime = Runtime::with_seed_and_config(7, madsim::Config::default());
+    runtime.block_on(async {
+        let handle = Handle::current();
+        let voters: BTreeMap<u64, String> =
+            [(1, keel_server::node::default_internal_address(&address(1).to_string()).unwrap())].into();
+        let node: Arc<Mutex<Option<Node>>> = Arc::new(Mutex::new(None));
+        let published = node.clone();
+        handle
+            .create_node()
+            .name("broker-1")
+            .ip(address(1).ip())
+            .init(move || {
+                let (node, voters) = (published.clone(), voters.clone());
+                async move {
+                    let store = NodeStore::open_on_disk(&NodeDisk::new(), 256 * 1024).expect("store opens");
+                    let config = NodeConfig::new(1, address(1), address(1).to_string(), voters);
+                    *node.lock().unwrap() = Some(Node::start(config, store, Clock::system()).await.expect("starts"));
+                    std::future::pending::<()>().await;
+                }
+            })
+            .build();
+        let client_host = handle.create_node().name("client").ip("10.0.1.1".parse().unwrap()).build();
+        let answered = client_host
+            .spawn(async move {
+                let policy = keel_client::RetryPolicy { jitter_seed: Some(1), ..Default::default() };
+                let client = keel_client::Client::new(vec![address(1).to_string()], policy).unwrap();
+                // Up and registered before the burst.
+                while !client.describe_cluster().await.is_ok_and(|c| c.brokers.len() == 1) {
+                    madsim::time::sleep(Duration::from_millis(100)).await;
+                }
+                let started = madsim::time::Instant::now();
+                let calls: Vec<_> = (0..CALLS)
+                    .map(|_| {
+                        let client = client.clone();
+                        madsim::task::spawn(async move { client.describe_cluster().await.map(|_| started.elapsed()) })
+                    })
+                    .collect();
+                let mut slowest = Duration::ZERO;
+                for call in calls {
+                    slowest = slowest.max(call.await.unwrap().expect("answered"));
+                }
+                slowest
+            })
+            .await
+            .unwrap();
+        // 2,000 accepts one after another would take at least 2 s.
+        assert!(answered < Duration::from_millis(500), "the last of {CALLS} calls was answered after {answered:?}");
+    });
+}

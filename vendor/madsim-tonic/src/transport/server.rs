@@ -313,34 +313,57 @@ impl<L> Router<L> {
         addr: SocketAddr,
         signal: impl Future<Output = ()>,
     ) -> Result<(), Error> {
-        let ep = Endpoint::bind(addr).await.map_err(Error::from_source)?;
+        let ep = std::sync::Arc::new(Endpoint::bind(addr).await.map_err(Error::from_source)?);
         let local_addr = ep.local_addr().unwrap();
         let mut signal = Box::pin(signal).fuse();
-        // keel: each connection's first message (the request) is awaited in
-        // a task of its own and handed back here, instead of inline before
-        // the next accept. Inline, one request on the way (1-10 ms of
-        // simulated latency, seconds after a clogged link) held up every
-        // other connection to this server: a few hundred calls a second
-        // were the most one server could take, and a broker that many
-        // groups retried at once never caught up (calls timed out, were
-        // retried, and timed out again). A real tonic server reads its
-        // connections concurrently.
+        // keel: connections are accepted by ACCEPTORS tasks at once, and each
+        // connection's first message (the request) is awaited in a task of
+        // its own and handed back here. madsim's `accept1` sleeps first, and
+        // a simulated sleep lasts at least 1 ms, so one accept loop took at
+        // most 1,000 connections a second (every call is a connection here),
+        // and awaiting each request inline took fewer still. A broker that
+        // the leaders of a wide topic retried at once after a heal (more than
+        // 1,000 calls a second) answered each call after its 75 ms limit:
+        // every call was retried, and the partitions took no write for good
+        // (sim seeds 130002153 and others, then 230001136: 50 partitions).
+        // A real tonic server accepts and reads its connections concurrently.
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel();
+        let acceptors = AbortOnDrop(
+            (0..ACCEPTORS)
+                .map(|_| {
+                    let (ep, ready_tx) = (ep.clone(), ready_tx.clone());
+                    madsim::task::spawn(
+                        async move {
+                            // An error: the endpoint is gone.
+                            while let Ok((tx, mut rx, addr)) = ep.accept1().await {
+                                let ready_tx = ready_tx.clone();
+                                madsim::task::spawn(async move {
+                                    // An error: a handshake, or the client went away.
+                                    if let Ok(msg) = rx.recv().await {
+                                        let _ = ready_tx.send((tx, rx, addr, msg));
+                                    }
+                                });
+                            }
+                        }
+                        .in_current_span(),
+                    )
+                })
+                .collect(),
+        );
+        drop(ready_tx);
         loop {
             // receive a request
             let (tx, mut rx, addr, msg) = select_biased! {
-                ready = ready_rx.recv().fuse() => ready.expect("the server holds a sender"),
-                ret = ep.accept1().fuse() => {
-                    let (tx, mut rx, addr) = ret.map_err(Error::from_source)?;
-                    let ready_tx = ready_tx.clone();
-                    madsim::task::spawn(async move {
-                        // An error: a handshake, or the client went away.
-                        if let Ok(msg) = rx.recv().await {
-                            let _ = ready_tx.send((tx, rx, addr, msg));
-                        }
-                    });
-                    continue;
-                }
+                ready = ready_rx.recv().fuse() => match ready {
+                    Some(ready) => ready,
+                    None => {
+                        drop(acceptors);
+                        return Err(Error::from_source(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionReset,
+                            "the server's endpoint stopped accepting connections",
+                        )));
+                    }
+                },
                 _ = &mut signal => return Ok(()),
             };
             let (path, server_streaming, mut request) = *msg
@@ -442,6 +465,21 @@ impl<L> Router<L> {
                 }
                 Ok(()) as std::io::Result<()>
             });
+        }
+    }
+}
+
+/// keel: how many tasks accept connections at once (each accept takes at
+/// least 1 ms of simulated time; see `serve_with_shutdown`).
+const ACCEPTORS: usize = 32;
+
+/// keel: aborts the acceptor tasks when the server stops.
+struct AbortOnDrop(Vec<madsim::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
         }
     }
 }
