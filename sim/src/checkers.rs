@@ -519,9 +519,10 @@ fn fencing(events: &[Event], findings: &mut Findings) {
 }
 
 /// L1: a broker joins unless the operator removed it. A join refused as
-/// "removed" for a broker never drained nor removed leaves it outside the
-/// cluster for good (sim seed 220008084: its learner entry was lost in a
-/// power cut, and its own log made it look like a member).
+/// "removed" for a broker the operator never set out to remove (no drain
+/// or removal of it, whatever their outcome) leaves it outside the cluster
+/// for good (sim seed 220008084: its learner entry was lost in a power
+/// cut, and its own log made it look like a member).
 fn joins_refused(events: &[Event], findings: &mut Findings) {
     let mut removing = BTreeSet::new();
     for event in events {
@@ -531,7 +532,7 @@ fn joins_refused(events: &[Event], findings: &mut Findings) {
             "drain" | "remove" => {
                 removing.insert(broker.to_string());
             }
-            "joined" if outcome.starts_with("refused") && !removing.contains(broker) => findings
+            "joined" if outcome.contains("was removed from the cluster") && !removing.contains(broker) => findings
                 .add(Guarantee::L1, format!("broker {broker} was never removed, but its join was refused: {outcome}")),
             _ => {}
         }
@@ -748,6 +749,12 @@ mod tests {
             operator(9_000, "joined", "broker 4 through 10.0.0.1:7100", refused),
         ];
         joins_refused(&events, &mut findings);
+        assert!(findings.violations.is_empty(), "{:?}", findings.violations);
+
+        // Refused for another reason: not this checker's finding.
+        let mut findings = Findings { violations: Vec::new(), per_guarantee: BTreeMap::new() };
+        let full = "refused: Refused(\"the cluster holds 3 brokers, its limit\")";
+        joins_refused(&[operator(9_000, "joined", "broker 4 through 10.0.0.1:7100", full)], &mut findings);
         assert!(findings.violations.is_empty(), "{:?}", findings.violations);
     }
 }

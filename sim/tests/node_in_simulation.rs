@@ -246,3 +246,100 @@ fn a_simulated_broker_accepts_thousands_of_calls_a_second() {
         assert!(answered < Duration::from_millis(500), "the last of {CALLS} calls was answered after {answered:?}");
     });
 }
+
+/// A broker whose own log names it only as a learner, by an entry that
+/// never committed, joins as a new broker; it is not refused as removed.
+/// The metadata leader adds broker 4 as a learner while cut off from the
+/// other voters, broker 4 stores the entry, and the leader dies; the new
+/// leader never heard of it (sim seed 220008084: a power cut in the middle
+/// of the join, and the broker was turned away for good).
+#[test]
+fn a_broker_whose_learner_entry_was_lost_joins_again() {
+    let runtime = Runtime::with_seed_and_config(11, madsim::Config::default());
+    runtime.block_on(async {
+        let handle = Handle::current();
+        let internal = |id: u64| keel_server::node::default_internal_address(&address(id).to_string()).unwrap();
+        let voters: BTreeMap<u64, String> = (1..=3).map(|id| (id, internal(id))).collect();
+        let mut nodes: Vec<Arc<Mutex<Option<Node>>>> = Vec::new();
+        let mut hosts = Vec::new();
+        for id in 1..=4u64 {
+            let slot: Arc<Mutex<Option<Node>>> = Arc::new(Mutex::new(None));
+            let (published, voters) = (slot.clone(), voters.clone());
+            let host = handle
+                .create_node()
+                .name(format!("broker-{id}"))
+                .ip(address(id).ip())
+                .init(move || {
+                    let (slot, voters) = (published.clone(), voters.clone());
+                    async move {
+                        let store = NodeStore::open_on_disk(&NodeDisk::new(), 256 * 1024).expect("store opens");
+                        // Broker 4 starts as `keel serve --join` does: no voters of its own.
+                        let mut config = if id == 4 {
+                            NodeConfig::new(id, address(id), address(id).to_string(), BTreeMap::new())
+                        } else {
+                            NodeConfig::new(id, address(id), address(id).to_string(), voters.clone())
+                        };
+                        config.cluster_id = keel_server::node::cluster_id_of(&voters);
+                        *slot.lock().unwrap() =
+                            Some(Node::start(config, store, Clock::system()).await.expect("starts"));
+                        std::future::pending::<()>().await;
+                    }
+                })
+                .build();
+            nodes.push(slot);
+            hosts.push(host.id());
+        }
+        let node = |id: u64| nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started");
+        madsim::time::sleep(Duration::from_secs(2)).await;
+        let leader = loop {
+            let known = node(1).raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader);
+            if let Some(leader) = known {
+                break leader;
+            }
+            madsim::time::sleep(Duration::from_millis(100)).await;
+        };
+        // Broker 4 registered (committed), then its learner entry appended
+        // on a leader cut off from the other voters.
+        let register = MetadataCommand::RegisterBroker {
+            broker: keel_core::BrokerId(4),
+            address: address(4).to_string(),
+            internal_address: internal(4),
+        };
+        node(leader).propose(&GroupId::Metadata, Command::Metadata(register)).await.expect("registered");
+        let net = madsim::net::NetSim::current();
+        for other in (1..=3u64).filter(|id| *id != leader) {
+            net.clog_link(hosts[leader as usize - 1], hosts[other as usize - 1]);
+            net.clog_link(hosts[other as usize - 1], hosts[leader as usize - 1]);
+        }
+        let raft = node(leader).raft(&GroupId::Metadata).unwrap();
+        let learner = openraft::BasicNode { addr: internal(4) };
+        madsim::task::spawn(async move {
+            let _ = raft.add_learner(4, learner, false).await;
+        });
+        let mut stored = false;
+        for _ in 0..100 {
+            stored = node(4).raft(&GroupId::Metadata).is_some_and(|r| {
+                r.metrics().borrow().membership_config.membership().learner_ids().any(|learner| learner == 4)
+            });
+            if stored {
+                break;
+            }
+            madsim::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(stored, "broker 4 stored its learner entry");
+        // The leader dies; the others elect a leader without the entry.
+        handle.kill(hosts[leader as usize - 1]);
+        let through = (1..=3u64).find(|id| *id != leader).unwrap();
+        // From broker 4's own host: the test's task has no address.
+        let joiner = node(4);
+        let joined = handle
+            .get_node(hosts[3])
+            .expect("broker 4's host")
+            .spawn(async move { joiner.join_cluster(internal(through)).await })
+            .await
+            .unwrap();
+        assert!(joined.is_ok(), "broker 4 was turned away: {joined:?}");
+        let members = node(through).raft(&GroupId::Metadata).unwrap().metrics().borrow().membership_config.clone();
+        assert!(members.membership().voter_ids().any(|voter| voter == 4), "broker 4 votes: {members:?}");
+    });
+}

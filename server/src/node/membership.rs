@@ -340,6 +340,19 @@ impl Node {
         }
         tracing::debug!(broker = request.broker, rejoin = request.rejoin, "a broker asks to join");
         if request.rejoin && !names(&raft, request.broker) {
+            // Refused for good only by a leader a quorum confirms: one cut
+            // off may lack the entries that added the broker.
+            if raft.ensure_linearizable().await.is_err() {
+                let (leader, internal_address) = self.metadata_leader_internal(&raft);
+                return match leader {
+                    Some(leader) if leader != self.id() => {
+                        Err(JoinRefusal::NotLeader { leader: Some(leader), internal_address })
+                    }
+                    _ => Err(JoinRefusal::Retry("the metadata leader could not confirm its lead; retry".into())),
+                };
+            }
+        }
+        if request.rejoin && !names(&raft, request.broker) {
             return Err(JoinRefusal::Refused(format!(
                 "broker {} was removed from the cluster: it does not add itself back; to bring it back as a new \
                  member, empty its data directory and start it with --join",
@@ -359,19 +372,21 @@ impl Node {
         }
     }
 
-    /// Whether this broker's own metadata log names it as a voter: it was
-    /// a member before, so a leader that does not name it removed it. A
-    /// log that names it only as a learner proves nothing: the learner
-    /// entry may never have committed (a power cut in the middle of the
-    /// join, and a new leader without it; sim seed 220008084), while a
-    /// voter entry is only appended once the learner entry committed.
-    /// Asked of the Raft core, not its metrics, which are empty until the
-    /// core has loaded the log after a restart.
-    async fn was_voter(&self) -> bool {
+    /// Whether this broker was a member before, so that a leader that no
+    /// longer names it removed it: its own metadata log names it as a
+    /// voter (appended only once the entry adding it as a learner
+    /// committed), or its committed membership names it (a learner removed
+    /// before it was promoted). An uncommitted learner entry proves
+    /// nothing: it may have been lost (a power cut in the middle of the
+    /// join, and a new leader without it; sim seed 220008084). Asked of the
+    /// Raft core, not its metrics, which are empty until the core has
+    /// loaded the log after a restart.
+    async fn was_member(&self) -> bool {
         let Some(raft) = self.raft(&GroupId::Metadata) else { return false };
         let me = self.id();
         raft.with_raft_state(move |state| {
-            state.membership_state.effective().membership().voter_ids().any(|voter| voter == me)
+            let voter = state.membership_state.effective().membership().voter_ids().any(|voter| voter == me);
+            voter || state.membership_state.committed().membership().get_node(&me).is_some()
         })
         .await
         .unwrap_or(false)
@@ -386,9 +401,9 @@ impl Node {
             broker: self.id(),
             address: self.inner.config.advertised.clone(),
             internal_address: self.inner.config.internal_advertised.clone(),
-            rejoin: self.was_voter().await,
+            rejoin: self.was_member().await,
         };
-        let mut target = internal_address;
+        let mut target = internal_address.clone();
         let mut last = JoinRefusal::Retry("no attempt made".into());
         for _ in 0..JOIN_ATTEMPTS_MAX {
             match self.inner.peers.join(&target, &request, CATCH_UP_TIMEOUT + Duration::from_secs(5)).await {
@@ -399,7 +414,12 @@ impl Node {
                 }
                 Ok(Err(refusal @ JoinRefusal::Refused(_))) => return Err(refusal),
                 Ok(Err(refusal)) => last = refusal,
-                Err(error) => last = JoinRefusal::Retry(format!("{target} did not answer: {error}")),
+                Err(error) => {
+                    last = JoinRefusal::Retry(format!("{target} did not answer: {error}"));
+                    // The leader it was sent to may be gone: ask the broker
+                    // it was given again, which names the next leader.
+                    target = internal_address.clone();
+                }
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }

@@ -103,8 +103,8 @@ pub struct JoinRequest {
     /// Where brokers reach it.
     pub internal_address: String,
     /// The broker was a member before (its own metadata log names it as a
-    /// voter): the leader takes it back only while its membership still
-    /// names it, so a broker removed while it was down or cut off (its own
+    /// voter, or its committed membership names it): the leader takes it
+    /// back only while its membership still names it, so a broker removed while it was down or cut off (its own
     /// log never heard of the removal) cannot add itself back by restarting
     /// with `--join`.
     pub rejoin: bool,

@@ -328,14 +328,22 @@ impl<L> Router<L> {
         // (sim seeds 130002153 and others, then 230001136: 50 partitions).
         // A real tonic server accepts and reads its connections concurrently.
         let (ready_tx, mut ready_rx) = tokio::sync::mpsc::unbounded_channel();
-        let acceptors = AbortOnDrop(
+        // The first accept error ends the server, as it did inline.
+        let (failed_tx, mut failed_rx) = tokio::sync::mpsc::unbounded_channel();
+        let _acceptors = AbortOnDrop(
             (0..ACCEPTORS)
                 .map(|_| {
-                    let (ep, ready_tx) = (ep.clone(), ready_tx.clone());
+                    let (ep, ready_tx, failed_tx) = (ep.clone(), ready_tx.clone(), failed_tx.clone());
                     madsim::task::spawn(
                         async move {
-                            // An error: the endpoint is gone.
-                            while let Ok((tx, mut rx, addr)) = ep.accept1().await {
+                            loop {
+                                let (tx, mut rx, addr) = match ep.accept1().await {
+                                    Ok(accepted) => accepted,
+                                    Err(error) => {
+                                        let _ = failed_tx.send(error);
+                                        return;
+                                    }
+                                };
                                 let ready_tx = ready_tx.clone();
                                 madsim::task::spawn(async move {
                                     // An error: a handshake, or the client went away.
@@ -350,20 +358,13 @@ impl<L> Router<L> {
                 })
                 .collect(),
         );
-        drop(ready_tx);
         loop {
             // receive a request
             let (tx, mut rx, addr, msg) = select_biased! {
-                ready = ready_rx.recv().fuse() => match ready {
-                    Some(ready) => ready,
-                    None => {
-                        drop(acceptors);
-                        return Err(Error::from_source(std::io::Error::new(
-                            std::io::ErrorKind::ConnectionReset,
-                            "the server's endpoint stopped accepting connections",
-                        )));
-                    }
-                },
+                ready = ready_rx.recv().fuse() => ready.expect("the server holds a sender"),
+                failed = failed_rx.recv().fuse() => {
+                    return Err(Error::from_source(failed.expect("the server holds a sender")));
+                }
                 _ = &mut signal => return Ok(()),
             };
             let (path, server_streaming, mut request) = *msg
