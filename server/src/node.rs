@@ -884,13 +884,16 @@ impl Node {
     /// address, from the metadata.
     fn leader_address(&self, error: ProposeError) -> ProposeError {
         match error {
-            ProposeError::NotLeader { group, leader: Some(leader), .. } => ProposeError::NotLeader {
-                group,
-                leader: Some(leader),
-                address: self.metadata().brokers().get(&BrokerId(leader)).map(|b| b.address.clone()),
-            },
+            ProposeError::NotLeader { group, leader: Some(leader), .. } => self.not_leader(group, Some(leader)),
             other => other,
         }
+    }
+
+    /// The refusal of a replica that does not lead `group`, naming the
+    /// leader it knows by its client address (from the metadata).
+    pub(crate) fn not_leader(&self, group: GroupId, leader: Option<NodeId>) -> ProposeError {
+        let address = leader.and_then(|id| self.metadata().brokers().get(&BrokerId(id)).map(|b| b.address.clone()));
+        ProposeError::NotLeader { group, leader, address }
     }
 
     /// The partition groups the metadata places on this broker.

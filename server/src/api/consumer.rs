@@ -344,9 +344,7 @@ impl KeelService {
     /// A refusal from a replica that does not lead `group`, naming the
     /// leader it knows by its client address (from the metadata).
     fn led_elsewhere(&self, group: crate::group::GroupId, leader: Option<crate::raft::types::NodeId>) -> Status {
-        let address = leader
-            .and_then(|id| self.node.metadata().brokers().get(&keel_core::BrokerId(id)).map(|b| b.address.clone()));
-        super::errors::not_leader(crate::node::ProposeError::NotLeader { group, leader, address })
+        super::errors::not_leader(self.node.not_leader(group, leader))
     }
 
     /// Confirm with a quorum that this broker leads `group` (named `what` in
