@@ -68,11 +68,15 @@ pub enum Bug {
     /// A read by offset answers from the record after the one asked for
     /// when it returns more than one (an off-by-one in the read cursor, G2).
     ReadSkipsFirstRecord,
+    /// A partition applies an empty batch instead of rejecting it: an
+    /// entry no client could send (the API refuses it at the edge) changes
+    /// the state machine (the raw-entries lane; a refusal).
+    EmptyBatchApplied,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 18] = [
+    pub const ALL: [Bug; 19] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -91,6 +95,7 @@ impl Bug {
         Bug::RangeDropsLastPartition,
         Bug::ResetAnsweredNotApplied,
         Bug::ReadSkipsFirstRecord,
+        Bug::EmptyBatchApplied,
     ];
 
     /// The name used on the command line.
@@ -114,6 +119,7 @@ impl Bug {
             Bug::RangeDropsLastPartition => "range-drops-last-partition",
             Bug::ResetAnsweredNotApplied => "reset-answered-not-applied",
             Bug::ReadSkipsFirstRecord => "read-skips-first-record",
+            Bug::EmptyBatchApplied => "empty-batch-applied",
         }
     }
 }

@@ -104,6 +104,7 @@ impl Plant {
             Plant::Bug(Bug::RangeDropsLastPartition) => L1,
             Plant::Bug(Bug::ResetAnsweredNotApplied) => G4,
             Plant::Bug(Bug::ReadSkipsFirstRecord) => G2,
+            Plant::Bug(Bug::EmptyBatchApplied) => Refusal,
         }
     }
 
@@ -181,7 +182,7 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         if plant == Plant::Bug(Bug::SnapshotDropsLastRecord) {
             scenario.snapshot_every = Some(scenario.snapshot_every.unwrap_or(10).min(10));
         }
-        if plant == Plant::Bug(Bug::AclIgnored) {
+        if plant == Plant::Bug(Bug::AclIgnored) || plant == Plant::Bug(Bug::EmptyBatchApplied) {
             scenario.hostile_clients = true;
         }
         if plant == Plant::Bug(Bug::QuietForever) {
@@ -650,7 +651,7 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
     }
 
     let safety_over = Arc::new(AtomicBool::new(false));
-    let mut lanes: Vec<_> = [lane_nodes as LaneFn, lane_network, lane_clocks, lane_clients]
+    let mut lanes: Vec<_> = [lane_nodes as LaneFn, lane_network, lane_clocks, lane_clients, lane_raw_entries]
         .into_iter()
         .map(|lane| {
             let (w, over) = (world.clone(), safety_over.clone());
@@ -1733,6 +1734,129 @@ fn lane_membership(
                         Err(_) => madsim::time::sleep(Duration::from_millis(500)).await,
                     }
                 }
+            }
+        }
+    })
+}
+
+/// Entries no client could send: every so often a command that the
+/// brokers' API would refuse at the edge is proposed straight to a group's
+/// Raft log (as a bug, or another version of keel, could write it). The
+/// state machines must record each as a rejection on every replica and
+/// change nothing: a Hostile event whose `accepted` names any outcome that
+/// applied (checked as a refusal). Under the other lanes' faults; this is
+/// also how rejection kinds that the API edge keeps from the state
+/// machines occur in the campaign.
+fn lane_raw_entries(
+    world: World,
+    over: Arc<AtomicBool>,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        use keel_core::metadata::{MetadataCommand, RetentionPolicy};
+        use keel_core::partition::PartitionCommand;
+        use keel_core::record::{Header, Record};
+        if !world.scenario.hostile_clients {
+            return;
+        }
+        let mut rng = madsim::rand::thread_rng();
+        let topic = world.scenario.topics[0].name.clone();
+        let topics = || vec![topic.clone()];
+        let create = |name: &str, partitions: u32, replication_factor: u32| MetadataCommand::CreateTopic {
+            topic: name.into(),
+            partitions,
+            replication_factor,
+            retention: RetentionPolicy::default(),
+        };
+        let join = |topics: Vec<String>, session_timeout_ms: u64| MetadataCommand::JoinGroup {
+            group: "zz-raw".into(),
+            member: "raw-member".into(),
+            topics,
+            session_timeout_ms,
+            assignor: None,
+        };
+        let metadata: Vec<(&str, MetadataCommand)> = vec![
+            ("a topic with an invalid name", create("bad name!", 1, 1)),
+            ("a topic of 0 partitions", create("zz-raw-none", 0, 1)),
+            ("a topic of replication factor 8", create("zz-raw-wide", 1, 8)),
+            (
+                "a broker at an unusable address",
+                MetadataCommand::RegisterBroker {
+                    broker: keel_core::BrokerId(200),
+                    address: "no where:7000".into(),
+                    internal_address: "no where:7100".into(),
+                },
+            ),
+            (
+                "a move of a partition that does not exist",
+                MetadataCommand::MoveReplicas {
+                    topic: topic.clone(),
+                    partition: PartitionIndex(5_000),
+                    replicas: vec![keel_core::BrokerId(1)],
+                },
+            ),
+            (
+                "a move to no replica",
+                MetadataCommand::MoveReplicas { topic: topic.clone(), partition: PartitionIndex(0), replicas: vec![] },
+            ),
+            ("a join with no subscription", join(vec![], 10_000)),
+            ("a join to 65 topics", join((0..65).map(|i| format!("t{i}")).collect(), 10_000)),
+            ("a join with a 1 ms session", join(topics(), 1)),
+            ("an unknown setting", MetadataCommand::SetLimit { name: "no_such_setting".into(), value: 1 }),
+            ("a group deletion of an invalid name", MetadataCommand::DeleteGroup { group: "bad name!".into() }),
+            (
+                "1,025 settled moves in one report",
+                MetadataCommand::MovesSettled {
+                    topic: topic.clone(),
+                    topic_id: 1,
+                    partitions: (0..1_025).map(|p| (PartitionIndex(p), 1)).collect(),
+                },
+            ),
+        ];
+        let many_headers = Record {
+            headers: (0..65).map(|i| Header { key: format!("h{i}"), value: Vec::new() }).collect(),
+            ..Record::from_value(b"raw".to_vec())
+        };
+        let partition: Vec<(&str, PartitionCommand)> = vec![
+            ("an empty batch", PartitionCommand::Append { producer: None, records: vec![] }),
+            ("a record of 65 headers", PartitionCommand::Append { producer: None, records: vec![many_headers] }),
+            (
+                "a reset of a group with an invalid name",
+                PartitionCommand::ResetPosition { group: "bad name!".into(), position: keel_core::Offset(0) },
+            ),
+            (
+                "a reset far beyond the log",
+                PartitionCommand::ResetPosition { group: "zz-raw".into(), position: keel_core::Offset(1 << 40) },
+            ),
+        ];
+        let interval = world.scenario.fault_interval_ms;
+        while !over.load(Ordering::SeqCst) {
+            madsim::time::sleep(Duration::from_millis(rng.gen_range(interval..=interval * 2))).await;
+            if over.load(Ordering::SeqCst) {
+                break;
+            }
+            let tp = TopicPartition::new(
+                TopicName::new(&topic).expect("the scenario's topic names are valid"),
+                PartitionIndex(0),
+            );
+            let (name, group, command) = if rng.gen_bool(0.5) {
+                let (name, command) = &metadata[rng.gen_range(0..metadata.len())];
+                (*name, Some(GroupId::Metadata), Command::Metadata(command.clone()))
+            } else {
+                let (name, command) = &partition[rng.gen_range(0..partition.len())];
+                let group = world.live_nodes().iter().find_map(|node| node.partition_group(&tp));
+                (*name, group, Command::Partition(command.clone()))
+            };
+            let Some(group) = group else { continue };
+            // The group's leader, wherever it is; none during an election.
+            for node in world.live_nodes() {
+                let proposed = node.propose(&group, command.clone());
+                let Ok(Ok(applied)) = madsim::time::timeout(Duration::from_secs(2), proposed).await else { continue };
+                let accepted = match applied {
+                    Applied::Metadata(Err(_)) | Applied::Partition(Err(_)) => None,
+                    other => Some(format!("{other:?}")),
+                };
+                world.record("raw-entries", EventKind::Hostile { attack: format!("raw entry: {name}"), accepted });
+                break;
             }
         }
     })

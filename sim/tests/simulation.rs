@@ -325,6 +325,14 @@ fn refusal_catches_a_broker_that_ignores_access_rules() {
     caught_within(Plant::Bug(Bug::AclIgnored), 3);
 }
 
+#[test]
+fn refusal_catches_a_partition_that_applies_an_entry_no_client_could_send() {
+    // The raw-entries lane proposes commands the API refuses at the edge
+    // straight to the Raft logs; a partition that applies an empty batch
+    // (5 of seeds 0-9 show it, 0 the first) is caught.
+    caught_within(Plant::Bug(Bug::EmptyBatchApplied), 10);
+}
+
 /// Failure detection of quiet groups: followers that never give a silent
 /// leader's broker up leave a partition leaderless after its leader died.
 #[test]

@@ -241,7 +241,11 @@ impl PartitionState {
     }
 
     fn validate_batch(&self, records: &[Record]) -> Result<(), PartitionRejection> {
-        if records.is_empty() {
+        #[cfg(madsim)]
+        let refuse_empty = !crate::planted::is_planted(crate::planted::Bug::EmptyBatchApplied);
+        #[cfg(not(madsim))]
+        let refuse_empty = true;
+        if records.is_empty() && refuse_empty {
             return Err(PartitionRejection::EmptyBatch);
         }
         if records.len() as u64 > u64::from(self.limits.batch_records_max) {

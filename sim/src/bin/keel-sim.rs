@@ -66,7 +66,9 @@ mod cli {
         /// never-expire-members, batching-answers-newest,
         /// persisted-before-sync, snapshot-drops-last-record,
         /// refuse-produces-after-failover, forget-keeps-positions,
-        /// write-errors-ignored, acl-ignored,
+        /// write-errors-ignored, acl-ignored, quiet-forever,
+        /// range-drops-last-partition, reset-answered-not-applied,
+        /// read-skips-first-record, empty-batch-applied,
         /// state-across-runs (caught only with --check-determinism).
         #[arg(long)]
         plant: Option<String>,
