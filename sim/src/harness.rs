@@ -1802,6 +1802,8 @@ fn lane_raw_entries(
             ("a join to 65 topics", join((0..65).map(|i| format!("t{i}")).collect(), 10_000)),
             ("a join with a 1 ms session", join(topics(), 1)),
             ("an unknown setting", MetadataCommand::SetLimit { name: "no_such_setting".into(), value: 1 }),
+            // Three or more brokers are registered from the setup on.
+            ("brokers_max below the brokers held", MetadataCommand::SetLimit { name: "brokers_max".into(), value: 1 }),
             ("a group deletion of an invalid name", MetadataCommand::DeleteGroup { group: "bad name!".into() }),
             (
                 "1,025 settled moves in one report",
@@ -1816,8 +1818,25 @@ fn lane_raw_entries(
             headers: (0..65).map(|i| Header { key: format!("h{i}"), value: Vec::new() }).collect(),
             ..Record::from_value(b"raw".to_vec())
         };
+        let one_record = || vec![Record::from_value(b"raw".to_vec())];
+        let limits = keel_core::Limits::default();
         let partition: Vec<(&str, PartitionCommand)> = vec![
             ("an empty batch", PartitionCommand::Append { producer: None, records: vec![] }),
+            (
+                "a batch of one record more than the limit",
+                PartitionCommand::Append {
+                    producer: None,
+                    records: vec![Record::default(); limits.batch_records_max as usize + 1],
+                },
+            ),
+            (
+                "an entry of one batch more than the limit",
+                PartitionCommand::AppendBatches {
+                    batches: (0..=keel_core::partition::APPEND_BATCHES_MAX)
+                        .map(|_| keel_core::partition::AppendBatch { producer: None, records: one_record() })
+                        .collect(),
+                },
+            ),
             ("a record of 65 headers", PartitionCommand::Append { producer: None, records: vec![many_headers] }),
             (
                 "a reset of a group with an invalid name",
