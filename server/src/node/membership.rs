@@ -380,7 +380,9 @@ impl Node {
     /// nothing: it may have been lost (a power cut in the middle of the
     /// join, and a new leader without it; sim seed 220008084). Asked of the
     /// Raft core, not its metrics, which are empty until the core has
-    /// loaded the log after a restart.
+    /// loaded the log after a restart. Known gap: a join of a broker never
+    /// promoted that races its removal is let back in (sim seed 280003187,
+    /// open); broker incarnations remembered by the metadata would close it.
     async fn was_member(&self) -> bool {
         let Some(raft) = self.raft(&GroupId::Metadata) else { return false };
         let me = self.id();
