@@ -18,6 +18,7 @@ use keel_core::{Offset, PartitionIndex, ProducerId, Sequence, TopicName, TopicPa
 use keel_server::clock::Clock;
 use keel_server::group::GroupId;
 use keel_server::node::{Node, NodeConfig, ProposeError};
+use keel_server::raft::network::JoinRefusal;
 use keel_server::raft::types::{Command, Response};
 use keel_server::storage::crash_disk::NodeDisk;
 use keel_server::storage::NodeStore;
@@ -255,6 +256,21 @@ fn a_simulated_broker_accepts_thousands_of_calls_a_second() {
 /// of the join, and the broker was turned away for good).
 #[test]
 fn a_broker_whose_learner_entry_was_lost_joins_again() {
+    let joined = learner_entry_lost(false);
+    assert!(joined.is_ok(), "broker 4 was turned away: {joined:?}");
+}
+
+/// The same broker, removed by the operator before it joins again (its
+/// registration gone), is refused as removed: a join that races the
+/// removal does not add it back (sim seed 280003187).
+#[test]
+fn a_removed_broker_whose_learner_entry_was_lost_stays_out() {
+    let joined = learner_entry_lost(true);
+    let refused = matches!(&joined, Err(JoinRefusal::Refused(reason)) if reason.contains("was removed"));
+    assert!(refused, "broker 4 was not refused as removed: {joined:?}");
+}
+
+fn learner_entry_lost(removed_first: bool) -> Result<(), JoinRefusal> {
     let runtime = Runtime::with_seed_and_config(11, madsim::Config::default());
     runtime.block_on(async {
         let handle = Handle::current();
@@ -330,6 +346,20 @@ fn a_broker_whose_learner_entry_was_lost_joins_again() {
         // The leader dies; the others elect a leader without the entry.
         handle.kill(hosts[leader as usize - 1]);
         let through = (1..=3u64).find(|id| *id != leader).unwrap();
+        if removed_first {
+            // The operator removes it (its registration; no membership names
+            // it), through whichever survivor leads once one does.
+            let remove = Command::Metadata(MetadataCommand::RemoveBroker { broker: keel_core::BrokerId(4) });
+            'removed: for _ in 0..100 {
+                for id in (1..=3u64).filter(|id| *id != leader) {
+                    if let Ok(Response::Metadata(result)) = node(id).propose(&GroupId::Metadata, remove.clone()).await {
+                        assert!(result.is_ok(), "{result:?}");
+                        break 'removed;
+                    }
+                }
+                madsim::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         // From broker 4's own host: the test's task has no address.
         let joiner = node(4);
         let joined = handle
@@ -338,8 +368,10 @@ fn a_broker_whose_learner_entry_was_lost_joins_again() {
             .spawn(async move { joiner.join_cluster(internal(through)).await })
             .await
             .unwrap();
-        assert!(joined.is_ok(), "broker 4 was turned away: {joined:?}");
-        let members = node(through).raft(&GroupId::Metadata).unwrap().metrics().borrow().membership_config.clone();
-        assert!(members.membership().voter_ids().any(|voter| voter == 4), "broker 4 votes: {members:?}");
-    });
+        if joined.is_ok() {
+            let members = node(through).raft(&GroupId::Metadata).unwrap().metrics().borrow().membership_config.clone();
+            assert!(members.membership().voter_ids().any(|voter| voter == 4), "broker 4 votes: {members:?}");
+        }
+        joined
+    })
 }

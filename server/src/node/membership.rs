@@ -339,7 +339,13 @@ impl Node {
             return Err(JoinRefusal::Refused("broker id 0 is reserved: give the broker an id of 1 or more".into()));
         }
         tracing::debug!(broker = request.broker, rejoin = request.rejoin, "a broker asks to join");
-        if request.rejoin && !names(&raft, request.broker) {
+        // Removed: neither the membership nor the registry names it any
+        // more (RemoveBroker ends with the registration; a broker whose
+        // learner entry was lost is still registered: sim seed 220008084).
+        let removed = |node: &Node| {
+            !names(&raft, request.broker) && !node.metadata().brokers().contains_key(&BrokerId(request.broker))
+        };
+        if request.rejoin && removed(self) {
             // Refused for good only by a leader a quorum confirms: one cut
             // off may lack the entries that added the broker.
             if raft.ensure_linearizable().await.is_err() {
@@ -352,7 +358,7 @@ impl Node {
                 };
             }
         }
-        if request.rejoin && !names(&raft, request.broker) {
+        if request.rejoin && removed(self) {
             return Err(JoinRefusal::Refused(format!(
                 "broker {} was removed from the cluster: it does not add itself back; to bring it back as a new \
                  member, empty its data directory and start it with --join",
@@ -375,23 +381,30 @@ impl Node {
     /// Whether this broker was a member before, so that a leader that no
     /// longer names it removed it: its own metadata log names it as a
     /// voter (appended only once the entry adding it as a learner
-    /// committed), or its committed membership names it (a learner removed
-    /// before it was promoted). An uncommitted learner entry proves
-    /// nothing: it may have been lost (a power cut in the middle of the
-    /// join, and a new leader without it; sim seed 220008084). Asked of the
+    /// committed), its committed membership names it (a learner removed
+    /// before it was promoted), or its log names it as a learner and the
+    /// metadata it applied registers it. The leader refuses a former member
+    /// only once neither its membership nor its registry names it: a
+    /// learner entry may have been lost while the registration stayed (a
+    /// power cut in the middle of the join; sim seed 220008084). Asked of the
     /// Raft core, not its metrics, which are empty until the core has
-    /// loaded the log after a restart. Known gap: a join of a broker never
-    /// promoted that races its removal is let back in (sim seed 280003187,
-    /// open); broker incarnations remembered by the metadata would close it.
+    /// loaded the log after a restart.
     async fn was_member(&self) -> bool {
         let Some(raft) = self.raft(&GroupId::Metadata) else { return false };
         let me = self.id();
-        raft.with_raft_state(move |state| {
-            let voter = state.membership_state.effective().membership().voter_ids().any(|voter| voter == me);
-            voter || state.membership_state.committed().membership().get_node(&me).is_some()
-        })
-        .await
-        .unwrap_or(false)
+        let (member, learner) = raft
+            .with_raft_state(move |state| {
+                let voter = state.membership_state.effective().membership().voter_ids().any(|voter| voter == me);
+                let member = voter || state.membership_state.committed().membership().get_node(&me).is_some();
+                (member, state.membership_state.effective().membership().get_node(&me).is_some())
+            })
+            .await
+            .unwrap_or((false, false));
+        // A learner entry follows the broker's registration, committed
+        // first (`add_broker`): registered in what it applied, it was
+        // added, and only a removal (which ends the registration) keeps it
+        // out (sim seed 280003187: a join that raced the removal).
+        member || (learner && self.metadata().brokers().contains_key(&BrokerId(me)))
     }
 
     /// Join the cluster through the broker at `internal_address` (following
