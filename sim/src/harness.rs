@@ -1747,19 +1747,75 @@ fn lane_membership(
 /// applied (checked as a refusal). Under the other lanes' faults; this is
 /// also how rejection kinds that the API edge keeps from the state
 /// machines occur in the campaign.
+///
+/// Some rejections need a state to meet: a producer that has moved on, a
+/// claim of a later member epoch, a limit already reached. Those entries
+/// are built from the state the group's leader has applied, and an
+/// operator's steps make the rest (a limit lowered to what the cluster
+/// holds, then raised back; a group of the lane's own with a member).
 fn lane_raw_entries(
     world: World,
     over: Arc<AtomicBool>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
-        use keel_core::metadata::{MetadataCommand, RetentionPolicy};
-        use keel_core::partition::PartitionCommand;
-        use keel_core::record::{Header, Record};
         if !world.scenario.hostile_clients {
             return;
         }
         let mut rng = madsim::rand::thread_rng();
-        let topic = world.scenario.topics[0].name.clone();
+        let entries = RawEntries::new(&world.scenario);
+        let interval = world.scenario.fault_interval_ms;
+        while !over.load(Ordering::SeqCst) {
+            madsim::time::sleep(Duration::from_millis(rng.gen_range(interval..=interval * 2))).await;
+            if over.load(Ordering::SeqCst) {
+                break;
+            }
+            match rng.gen_range(0..16) {
+                0..=6 => {
+                    let (name, command) = entries.metadata[rng.gen_range(0..entries.metadata.len())].clone();
+                    propose_raw(&world, &GroupId::Metadata, name, Command::Metadata(command)).await;
+                }
+                7..=11 => {
+                    let tp = entries.partition_zero();
+                    let Some(group) = world.live_nodes().iter().find_map(|node| node.partition_group(&tp)) else {
+                        continue;
+                    };
+                    let (name, command) = if rng.gen_bool(0.5) {
+                        entries.partition[rng.gen_range(0..entries.partition.len())].clone()
+                    } else {
+                        let Some(leader) = leader_of(&world, &group).await else { continue };
+                        let Some(state) = leader.partition(&tp) else { continue };
+                        match entries.against_partition_state(&state, &mut rng) {
+                            Some(entry) => entry,
+                            None => continue,
+                        }
+                    };
+                    propose_raw(&world, &group, name, Command::Partition(command)).await;
+                }
+                12..=13 => entries.held_group(&world).await,
+                _ => entries.limit_reached(&world, &over, &mut rng).await,
+            }
+        }
+    })
+}
+
+/// What the raw-entries lane proposes.
+struct RawEntries {
+    topic: String,
+    /// Refused in any state (bar the conditions each names).
+    metadata: Vec<(&'static str, keel_core::metadata::MetadataCommand)>,
+    partition: Vec<(&'static str, keel_core::partition::PartitionCommand)>,
+    /// Registered brokers and topics stay as set up (no membership or
+    /// topic lane), so a limit lowered to them is met for certain.
+    fixed_brokers: bool,
+    fixed_topics: bool,
+}
+
+impl RawEntries {
+    fn new(scenario: &Scenario) -> Self {
+        use keel_core::metadata::{MetadataCommand, RetentionPolicy};
+        use keel_core::partition::PartitionCommand;
+        use keel_core::record::{Header, Record};
+        let topic = scenario.topics[0].name.clone();
         let topics = || vec![topic.clone()];
         let create = |name: &str, partitions: u32, replication_factor: u32| MetadataCommand::CreateTopic {
             topic: name.into(),
@@ -1774,10 +1830,13 @@ fn lane_raw_entries(
             session_timeout_ms,
             assignor: None,
         };
-        let metadata: Vec<(&str, MetadataCommand)> = vec![
+        let limits = keel_core::Limits::default();
+        let mut metadata: Vec<(&str, MetadataCommand)> = vec![
             ("a topic with an invalid name", create("bad name!", 1, 1)),
             ("a topic of 0 partitions", create("zz-raw-none", 0, 1)),
             ("a topic of replication factor 8", create("zz-raw-wide", 1, 8)),
+            // At most 5 brokers and a spare: 7 replicas cannot be placed.
+            ("a topic of more replicas than brokers", create("zz-raw-placed", 1, limits.replication_factor_max)),
             (
                 "a broker at an unusable address",
                 MetadataCommand::RegisterBroker {
@@ -1813,13 +1872,35 @@ fn lane_raw_entries(
                     partitions: (0..1_025).map(|p| (PartitionIndex(p), 1)).collect(),
                 },
             ),
+            // No group was ever empty since the end of time.
+            (
+                "a forget of a group not empty since",
+                MetadataCommand::ForgetGroup {
+                    group: MAIN_GROUP.into(),
+                    empty_since: keel_core::TimestampMs(u64::MAX),
+                },
+            ),
+            ("a deletion of a user that does not exist", MetadataCommand::DeleteUser { user: "zz-raw-nobody".into() }),
         ];
+        // Every broker holds every partition of a topic as wide as the
+        // cluster, so broker 1's replicas have nowhere to go (while no
+        // broker is added, and the topic is not deleted).
+        let fixed_brokers = !scenario.membership;
+        let fixed_topics = !scenario.topic_lifecycle;
+        let as_wide_as_the_cluster =
+            scenario.topics.iter().any(|t| u64::from(t.replication_factor) == scenario.brokers);
+        if fixed_brokers && fixed_topics && as_wide_as_the_cluster {
+            metadata
+                .push(("a drain with nowhere to go", MetadataCommand::DrainBroker { broker: keel_core::BrokerId(1) }));
+        }
         let many_headers = Record {
             headers: (0..65).map(|i| Header { key: format!("h{i}"), value: Vec::new() }).collect(),
             ..Record::from_value(b"raw".to_vec())
         };
         let one_record = || vec![Record::from_value(b"raw".to_vec())];
-        let limits = keel_core::Limits::default();
+        // Records each within the record limit, together over the batch's.
+        let value_max = limits.record_value_bytes_max as usize;
+        let large = (0..=limits.batch_bytes_max as usize / value_max).map(|_| Record::from_value(vec![0; value_max]));
         let partition: Vec<(&str, PartitionCommand)> = vec![
             ("an empty batch", PartitionCommand::Append { producer: None, records: vec![] }),
             (
@@ -1828,6 +1909,10 @@ fn lane_raw_entries(
                     producer: None,
                     records: vec![Record::default(); limits.batch_records_max as usize + 1],
                 },
+            ),
+            (
+                "a batch of more bytes than the limit",
+                PartitionCommand::Append { producer: None, records: large.collect() },
             ),
             (
                 "an entry of one batch more than the limit",
@@ -1847,38 +1932,259 @@ fn lane_raw_entries(
                 PartitionCommand::ResetPosition { group: "zz-raw".into(), position: keel_core::Offset(1 << 40) },
             ),
         ];
-        let interval = world.scenario.fault_interval_ms;
-        while !over.load(Ordering::SeqCst) {
-            madsim::time::sleep(Duration::from_millis(rng.gen_range(interval..=interval * 2))).await;
-            if over.load(Ordering::SeqCst) {
-                break;
+        RawEntries { topic, metadata, partition, fixed_brokers, fixed_topics }
+    }
+
+    fn partition_zero(&self) -> TopicPartition {
+        TopicPartition::new(
+            TopicName::new(&self.topic).expect("the scenario's topic names are valid"),
+            PartitionIndex(0),
+        )
+    }
+
+    /// An entry refused given what the partition's leader has applied (and
+    /// anything applied after it): an old sequence of a producer that has
+    /// moved on, or a commit by the claiming member under an older epoch.
+    fn against_partition_state(
+        &self,
+        state: &keel_core::partition::PartitionState,
+        rng: &mut impl Rng,
+    ) -> Option<(&'static str, keel_core::partition::PartitionCommand)> {
+        use keel_core::partition::{PartitionCommand, ProducerBatch};
+        use keel_core::record::Record;
+        use keel_core::Sequence;
+        let pick = rng.gen_range(0..3);
+        if pick == 0 {
+            // Every tracked group was used since the start of time; one not
+            // tracked any more is forgotten again, changing nothing.
+            let group = state.groups().keys().next()?;
+            let command = PartitionCommand::ForgetIdleGroup { group: group.to_string(), idle_ms: u64::MAX };
+            return Some(("a forget of a group in use", command));
+        }
+        if pick == 1 {
+            // Sequence 1 is neither next (the last is beyond) nor remembered
+            // (the last few are): too old, or the producer was forgotten
+            // meanwhile (unknown at a sequence other than 0).
+            let remembered = u64::from(state.limits().producer_batches_remembered_max);
+            let (producer, _) = state
+                .producers()
+                .iter()
+                .find(|(_, s)| s.last_sequence().is_some_and(|last| last.0 > remembered + 2))?;
+            let producer = Some(ProducerBatch { producer: *producer, sequence: Sequence(1) });
+            let records = vec![Record::from_value(b"raw".to_vec())];
+            return Some(("a producer's old sequence resent", PartitionCommand::Append { producer, records }));
+        }
+        // The claim's member under epoch 0 (below every join's), or in the
+        // generation before the claim's; the offset is beyond any log.
+        let (group, claim) = state.groups().iter().find_map(|(g, p)| p.claim.as_ref().map(|c| (g, c)))?;
+        let older_generation = rng.gen_bool(0.5) && claim.generation.0 > 0;
+        let (name, generation, member_epoch) = if older_generation {
+            ("a commit of an older generation", keel_core::Generation(claim.generation.0 - 1), claim.member_epoch)
+        } else {
+            ("a commit under an older member epoch", claim.generation, 0)
+        };
+        let member = claim.member.as_str().to_string();
+        let offset = keel_core::Offset(u64::MAX);
+        Some((name, PartitionCommand::Commit { group: group.to_string(), member, generation, member_epoch, offset }))
+    }
+
+    /// A group of the lane's own with a member: it may not be deleted or
+    /// forgotten, nor joined with another assignor, while the member lasts
+    /// (its session may lapse meanwhile under faults and clock steps, so
+    /// each step may also apply). Then the member leaves and the group goes.
+    async fn held_group(&self, world: &World) {
+        use keel_core::assignor::AssignorKind;
+        use keel_core::metadata::MetadataCommand;
+        let group = "zz-raw-held";
+        let join = |member: &str, assignor| MetadataCommand::JoinGroup {
+            group: group.into(),
+            member: member.into(),
+            topics: vec![self.topic.clone()],
+            session_timeout_ms: 60_000,
+            assignor,
+        };
+        let steps = [
+            join("raw-holder", None),
+            MetadataCommand::DeleteGroup { group: group.into() },
+            join("raw-other", Some(AssignorKind::Range)),
+            MetadataCommand::LeaveGroup { group: group.into(), member: "raw-other".into() },
+            MetadataCommand::LeaveGroup { group: group.into(), member: "raw-holder".into() },
+            MetadataCommand::DeleteGroup { group: group.into() },
+        ];
+        for step in steps {
+            propose_to_leader(world, &GroupId::Metadata, &Command::Metadata(step)).await;
+        }
+    }
+
+    /// An operator lowers a limit to what the cluster holds, an entry then
+    /// goes beyond it, the limit is raised back and what the lane added is
+    /// taken out. The count of brokers and of topics is fixed in some
+    /// scenarios: there the entry must be refused. Groups and members come
+    /// and go, so one beyond the limit may be admitted (members and groups
+    /// the limit holds out meanwhile join again: clients retry).
+    async fn limit_reached(&self, world: &World, over: &AtomicBool, rng: &mut impl Rng) {
+        use keel_core::metadata::{MetadataCommand, RetentionPolicy};
+        let Some(leader) = leader_of(world, &GroupId::Metadata).await else { return };
+        let state = leader.metadata();
+        let join = |group: &str, member: String| MetadataCommand::JoinGroup {
+            group: group.into(),
+            member,
+            topics: vec![self.topic.clone()],
+            session_timeout_ms: 60_000,
+            assignor: None,
+        };
+        let leave = |group: &str, member: String| MetadataCommand::LeaveGroup { group: group.into(), member };
+        // (setting, what the cluster holds, steps to get there, the entry
+        // beyond, what to take out after, whether it must be refused)
+        let (setting, held, before, beyond, after, must_refuse) = match rng.gen_range(0..4) {
+            0 if self.fixed_brokers && state.brokers().len() as u64 == world.scenario.brokers => (
+                "brokers_max",
+                state.brokers().len() as u64,
+                vec![],
+                MetadataCommand::RegisterBroker {
+                    broker: keel_core::BrokerId(200),
+                    address: "10.9.9.9:7000".into(),
+                    internal_address: "10.9.9.9:7100".into(),
+                },
+                vec![MetadataCommand::RemoveBroker { broker: keel_core::BrokerId(200) }],
+                true,
+            ),
+            1 if self.fixed_topics && state.topics().len() == world.scenario.topics.len() => (
+                "topics_max",
+                state.topics().len() as u64,
+                vec![],
+                MetadataCommand::CreateTopic {
+                    topic: "zz-raw-over".into(),
+                    partitions: 1,
+                    replication_factor: 1,
+                    retention: RetentionPolicy::default(),
+                },
+                vec![MetadataCommand::DeleteTopic { topic: "zz-raw-over".into() }],
+                true,
+            ),
+            2 => (
+                "groups_max",
+                state.groups().len() as u64,
+                vec![],
+                join("zz-raw-over", "raw-member".into()),
+                vec![
+                    leave("zz-raw-over", "raw-member".into()),
+                    MetadataCommand::DeleteGroup { group: "zz-raw-over".into() },
+                ],
+                false,
+            ),
+            3 => {
+                // A group of the lane's own, larger than any the workload
+                // makes (its consumers all in one), so that only the lane's
+                // own join meets the limit.
+                let held = state.groups().values().map(|g| g.members.len() as u64).max().unwrap_or(0);
+                let largest = held.max(u64::from(world.scenario.consumers) + 1);
+                if largest > 8 {
+                    return;
+                }
+                let crowd = |i: u64| format!("raw-crowd-{i}");
+                let mut after: Vec<_> = (0..=largest).map(|i| leave("zz-raw-crowd", crowd(i))).collect();
+                after.push(MetadataCommand::DeleteGroup { group: "zz-raw-crowd".into() });
+                (
+                    "members_per_group_max",
+                    largest,
+                    (0..largest).map(|i| join("zz-raw-crowd", crowd(i))).collect(),
+                    join("zz-raw-crowd", crowd(largest)),
+                    after,
+                    false,
+                )
             }
-            let tp = TopicPartition::new(
-                TopicName::new(&topic).expect("the scenario's topic names are valid"),
-                PartitionIndex(0),
-            );
-            let (name, group, command) = if rng.gen_bool(0.5) {
-                let (name, command) = &metadata[rng.gen_range(0..metadata.len())];
-                (*name, Some(GroupId::Metadata), Command::Metadata(command.clone()))
-            } else {
-                let (name, command) = &partition[rng.gen_range(0..partition.len())];
-                let group = world.live_nodes().iter().find_map(|node| node.partition_group(&tp));
-                (*name, group, Command::Partition(command.clone()))
-            };
-            let Some(group) = group else { continue };
-            // The group's leader, wherever it is; none during an election.
-            for node in world.live_nodes() {
-                let proposed = node.propose(&group, command.clone());
-                let Ok(Ok(applied)) = madsim::time::timeout(Duration::from_secs(2), proposed).await else { continue };
-                let accepted = match applied {
-                    Applied::Metadata(Err(_)) | Applied::Partition(Err(_)) => None,
-                    other => Some(format!("{other:?}")),
+            _ => return,
+        };
+        let Some(previous) = state.limits().setting(setting) else { return };
+        for command in before {
+            propose_to_leader(world, &GroupId::Metadata, &Command::Metadata(command)).await;
+        }
+        let lower = Command::Metadata(MetadataCommand::SetLimit { name: setting.into(), value: held });
+        let lowered = propose_to_leader(world, &GroupId::Metadata, &lower).await;
+        world.record(
+            "raw-entries",
+            EventKind::Operator {
+                op: "set-config".into(),
+                detail: format!("{setting} {held}"),
+                outcome: format!("{lowered:?}"),
+            },
+        );
+        if matches!(lowered, Some(Applied::Metadata(Ok(_)))) {
+            let applied = propose_to_leader(world, &GroupId::Metadata, &Command::Metadata(beyond)).await;
+            if must_refuse {
+                let accepted = match &applied {
+                    Some(Applied::Metadata(Ok(outcome))) => Some(format!("{outcome:?}")),
+                    _ => None,
                 };
-                world.record("raw-entries", EventKind::Hostile { attack: format!("raw entry: {name}"), accepted });
-                break;
+                let attack = format!("raw entry: one beyond {setting} = {held}");
+                world.record("raw-entries", EventKind::Hostile { attack, accepted });
             }
         }
-    })
+        // Raised back whatever came of the rest (a lowering whose answer
+        // was lost may still apply), until some leader applies it, or a
+        // lower limit would keep the workload's groups out for good.
+        // The lanes end (and the faults heal) only once this lane returns,
+        // so past the end of the safety phase the rest is left to a task.
+        let raise = Command::Metadata(MetadataCommand::SetLimit { name: setting.into(), value: previous });
+        while propose_to_leader(world, &GroupId::Metadata, &raise).await.is_none() {
+            if over.load(Ordering::SeqCst) {
+                let world = world.clone();
+                madsim::task::spawn(async move {
+                    for _ in 0..RAISE_ATTEMPTS {
+                        if propose_to_leader(&world, &GroupId::Metadata, &raise).await.is_some() {
+                            break;
+                        }
+                        madsim::time::sleep(Duration::from_millis(500)).await;
+                    }
+                });
+                return;
+            }
+            madsim::time::sleep(Duration::from_millis(500)).await;
+        }
+        for command in after {
+            propose_to_leader(world, &GroupId::Metadata, &Command::Metadata(command)).await;
+        }
+    }
+}
+
+/// How often the raw-entries lane asks for a lowered limit to be raised
+/// back, 500 ms apart (past the end of the faults, it takes one).
+const RAISE_ATTEMPTS: u32 = 600;
+
+/// The live node that leads `group`, as it sees itself.
+async fn leader_of(world: &World, group: &GroupId) -> Option<Node> {
+    for node in world.live_nodes() {
+        let Some(raft) = node.raft(group) else { continue };
+        if raft.current_leader().await == Some(node.id()) {
+            return Some(node);
+        }
+    }
+    None
+}
+
+/// Propose `command` to `group`'s leader, wherever it is (none during an
+/// election): what it applied, if a leader answered within 2 s.
+async fn propose_to_leader(world: &World, group: &GroupId, command: &Command) -> Option<Applied> {
+    for node in world.live_nodes() {
+        let proposed = node.propose(group, command.clone());
+        if let Ok(Ok(applied)) = madsim::time::timeout(Duration::from_secs(2), proposed).await {
+            return Some(applied);
+        }
+    }
+    None
+}
+
+/// Propose an entry that must be refused, and record what came of it.
+async fn propose_raw(world: &World, group: &GroupId, name: &str, command: Command) {
+    let Some(applied) = propose_to_leader(world, group, &command).await else { return };
+    let accepted = match applied {
+        Applied::Metadata(Err(_)) | Applied::Partition(Err(_)) => None,
+        // Forgetting a group that is not tracked changes nothing.
+        Applied::Partition(Ok(keel_core::partition::PartitionOutcome::GroupForgotten { had_position: false })) => None,
+        other => Some(format!("{other:?}")),
+    };
+    world.record("raw-entries", EventKind::Hostile { attack: format!("raw entry: {name}"), accepted });
 }
 
 /// A client that lies: every so often one request that must be refused
