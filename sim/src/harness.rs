@@ -1783,6 +1783,10 @@ fn lane_raw_entries(
                         entries.partition[rng.gen_range(0..entries.partition.len())].clone()
                     } else {
                         let Some(leader) = leader_of(&world, &group).await else { continue };
+                        // The same incarnation of the topic as the group's.
+                        if leader.partition_group(&tp).as_ref() != Some(&group) {
+                            continue;
+                        }
                         let Some(state) = leader.partition(&tp) else { continue };
                         match entries.against_partition_state(&state, &mut rng) {
                             Some(entry) => entry,
@@ -1791,7 +1795,7 @@ fn lane_raw_entries(
                     };
                     propose_raw(&world, &group, name, Command::Partition(command)).await;
                 }
-                12..=13 => entries.held_group(&world).await,
+                12..=13 => entries.held_group(&world, &over).await,
                 _ => entries.limit_reached(&world, &over, &mut rng).await,
             }
         }
@@ -1992,7 +1996,7 @@ impl RawEntries {
     /// forgotten, nor joined with another assignor, while the member lasts
     /// (its session may lapse meanwhile under faults and clock steps, so
     /// each step may also apply). Then the member leaves and the group goes.
-    async fn held_group(&self, world: &World) {
+    async fn held_group(&self, world: &World, over: &AtomicBool) {
         use keel_core::assignor::AssignorKind;
         use keel_core::metadata::MetadataCommand;
         let group = "zz-raw-held";
@@ -2011,7 +2015,11 @@ impl RawEntries {
             MetadataCommand::LeaveGroup { group: group.into(), member: "raw-holder".into() },
             MetadataCommand::DeleteGroup { group: group.into() },
         ];
+        // The faults heal only once the lanes end: no step past that.
         for step in steps {
+            if over.load(Ordering::SeqCst) {
+                return;
+            }
             propose_to_leader(world, &GroupId::Metadata, &Command::Metadata(step)).await;
         }
     }
@@ -2096,8 +2104,14 @@ impl RawEntries {
             }
             _ => return,
         };
-        let Some(previous) = state.limits().setting(setting) else { return };
+        // Raised back to the default, which no other lane changes where
+        // these run (the topic lane's topics_max runs without fixed topics):
+        // a leader cut off from the rest may still show a lowered value.
+        let Some(previous) = keel_core::Limits::default().setting(setting) else { return };
         for command in before {
+            if over.load(Ordering::SeqCst) {
+                return;
+            }
             propose_to_leader(world, &GroupId::Metadata, &Command::Metadata(command)).await;
         }
         let lower = Command::Metadata(MetadataCommand::SetLimit { name: setting.into(), value: held });
@@ -2127,12 +2141,13 @@ impl RawEntries {
         // The lanes end (and the faults heal) only once this lane returns,
         // so past the end of the safety phase the rest is left to a task.
         let raise = Command::Metadata(MetadataCommand::SetLimit { name: setting.into(), value: previous });
-        while propose_to_leader(world, &GroupId::Metadata, &raise).await.is_none() {
+        let applied = |raised: Option<Applied>| matches!(raised, Some(Applied::Metadata(Ok(_))));
+        while !applied(propose_to_leader(world, &GroupId::Metadata, &raise).await) {
             if over.load(Ordering::SeqCst) {
                 let world = world.clone();
                 madsim::task::spawn(async move {
                     for _ in 0..RAISE_ATTEMPTS {
-                        if propose_to_leader(&world, &GroupId::Metadata, &raise).await.is_some() {
+                        if applied(propose_to_leader(&world, &GroupId::Metadata, &raise).await) {
                             break;
                         }
                         madsim::time::sleep(Duration::from_millis(500)).await;
@@ -2143,6 +2158,9 @@ impl RawEntries {
             madsim::time::sleep(Duration::from_millis(500)).await;
         }
         for command in after {
+            if over.load(Ordering::SeqCst) {
+                return;
+            }
             propose_to_leader(world, &GroupId::Metadata, &Command::Metadata(command)).await;
         }
     }
