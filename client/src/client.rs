@@ -200,6 +200,11 @@ pub const TOPIC_GONE_METADATA: &str = "keel-topic-gone";
 pub const SEQUENCE_GAP_METADATA: &str = "keel-sequence-gap";
 /// Response metadata of a refusal saying the partition forgot the producer.
 pub const PRODUCER_LOST_METADATA: &str = "keel-producer-lost";
+/// Added by the client to a refusal that followed an attempt of the same
+/// request left unanswered (timed out, or its connection broke): that
+/// attempt may still be applied, so the refusal does not say the request
+/// never will be.
+pub const AFTER_UNANSWERED_METADATA: &str = "keel-after-unanswered";
 
 /// Partition counts and incarnations (topic ids) of topics, learned from
 /// the metadata leader on first use: a producer names the incarnation in
@@ -344,6 +349,17 @@ fn next_step(status: &Status) -> Next {
         Code::ResourceExhausted if status.metadata().get(RETRY_AFTER_METADATA).is_some() => Next::Backoff,
         _ => Next::Fail,
     }
+}
+
+/// Whether a failed attempt may have reached the broker and be applied
+/// without its answer coming back: it timed out, or the connection failed
+/// under it. (A broker's own "retry" answers are Unavailable too; counting
+/// them errs on the side of an unknown outcome.)
+fn may_be_unanswered(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown | Code::Cancelled | Code::Internal
+    )
 }
 
 /// Why the connection behind a failed request could not be made, if that
@@ -563,6 +579,8 @@ impl Client {
         let mut unreachable: Vec<String> = Vec::new();
         let mut unreachable_reason = String::new();
         let mut connected = false;
+        // Whether an attempt went out and no answer came back.
+        let mut unanswered = false;
         loop {
             if started.elapsed() > policy.deadline {
                 return Err(ClientError::GaveUp { deadline: policy.deadline, last });
@@ -606,7 +624,15 @@ impl Client {
                         }
                         None => connected = true,
                     }
+                    if connect_failure(&status).is_none() && may_be_unanswered(&status) {
+                        unanswered = true;
+                    }
                     match next_step(&status) {
+                        Next::Fail if unanswered => {
+                            let mut status = status;
+                            status.metadata_mut().insert(AFTER_UNANSWERED_METADATA, "true".parse().expect("ascii"));
+                            return Err(ClientError::Refused(status));
+                        }
                         Next::Fail => return Err(ClientError::Refused(status)),
                         Next::Retry(hints) => {
                             for hint in hints.into_iter().rev() {
@@ -1024,5 +1050,44 @@ mod tests {
         assert!(matches!(next_step(&busy), Next::Backoff));
         let too_big = Status::resource_exhausted("record 0 is over the size limit");
         assert!(matches!(next_step(&too_big), Next::Fail));
+    }
+
+    /// A refusal that follows an unanswered attempt of the same request says
+    /// so (that attempt may still be applied); one that follows only
+    /// answered attempts does not.
+    #[tokio::test]
+    async fn a_refusal_after_an_unanswered_attempt_is_marked() {
+        let policy = RetryPolicy {
+            deadline: Duration::from_secs(10),
+            backoff_initial: Duration::from_millis(1),
+            backoff_max: Duration::from_millis(1),
+            jitter_seed: Some(1),
+            request_timeout: Duration::from_millis(50),
+            give_up_when_unreachable: false,
+        };
+        let client = Client::new(vec!["127.0.0.1:1".into()], policy).unwrap();
+        let refuse_after = |unanswered: usize| {
+            let calls = std::sync::atomic::AtomicUsize::new(0);
+            let client = client.clone();
+            async move {
+                let answer = client
+                    .attempts(Route::Metadata, Duration::ZERO, |_, _| {
+                        let call = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        async move {
+                            if call < unanswered {
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                            }
+                            Err::<tonic::Response<()>, _>(Status::failed_precondition("a sequence gap"))
+                        }
+                    })
+                    .await;
+                match answer {
+                    Err(ClientError::Refused(status)) => status.metadata().get(AFTER_UNANSWERED_METADATA).is_some(),
+                    other => panic!("not refused: {other:?}"),
+                }
+            }
+        };
+        assert!(!refuse_after(0).await, "no attempt went unanswered");
+        assert!(refuse_after(1).await, "the first attempt timed out");
     }
 }
