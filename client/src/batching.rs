@@ -11,7 +11,9 @@
 //! outcome stays unknown (the client's retries ran out, or the partition
 //! forgot the producer) breaks the sequence: its records are reported
 //! [`SendError::Unknown`], the worker takes a new producer id, and batches
-//! behind it that were refused as gaps are sent again under the new id.
+//! behind it that were refused as gaps are sent again under the new id,
+//! unless an attempt of theirs went unanswered (it may still land under
+//! the old id): those are reported unknown too.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
