@@ -622,10 +622,10 @@ impl Client {
                             unreachable.push(address.clone());
                             unreachable_reason = reason;
                         }
-                        None => connected = true,
-                    }
-                    if connect_failure(&status).is_none() && may_be_unanswered(&status) {
-                        unanswered = true;
+                        None => {
+                            connected = true;
+                            unanswered |= may_be_unanswered(&status);
+                        }
                     }
                     match next_step(&status) {
                         Next::Fail if unanswered => {
