@@ -10,6 +10,12 @@
 //! - a broker registers again (one broker row).
 //!
 //! The build of the starting state is timed too (core only, no disk).
+//!
+//! Then what a request reads of that state, per request (the median of
+//! rounds of many calls): routing a produce (topic, partition, replicas and
+//! their addresses), a heartbeat through the coordinator's sessions, a
+//! poll's check that the member owns the partition in the generation, and
+//! the sessions' sync that follows every join.
 //! Run with `cargo bench -p keel-server --bench metadata`.
 
 #[allow(dead_code)] // of common, only `full_run` is used here
@@ -18,8 +24,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use keel_core::assignor::AssignorKind;
+use keel_core::coordinator::GroupSessions;
 use keel_core::metadata::{MetadataCommand, MetadataState, RetentionPolicy};
-use keel_core::{BrokerId, Limits, TimestampMs};
+use keel_core::{
+    BrokerId, Generation, GroupName, Limits, MemberId, MonotonicMs, PartitionIndex, TimestampMs, TopicName,
+    TopicPartition,
+};
 use keel_server::raft::types::{Command, LogId, Request, Response, TypeConfig};
 use keel_server::storage::{GroupState, GroupStateMachine, NodeStore};
 use openraft::storage::RaftStateMachine;
@@ -157,5 +167,77 @@ fn main() {
             took.push(bench.apply(register).await);
         }
         report("a broker registers again", &mut took);
+
+        let GroupState::Metadata(state) = bench.machine.state().lock().expect("state").clone() else {
+            unreachable!("the bench runs the metadata state machine")
+        };
+        requests(&state, partitions, groups, rounds);
+    });
+}
+
+/// Calls per round of a per-request measurement.
+const CALLS_PER_ROUND: u32 = 10_000;
+
+/// Time `CALLS_PER_ROUND` calls of `call`, `rounds` times, and report the
+/// cost of one call.
+fn per_call(name: &str, rounds: u32, mut call: impl FnMut(u32) -> usize) {
+    let mut took = Vec::new();
+    let mut touched = 0usize;
+    for _ in 0..rounds {
+        let begun = Instant::now();
+        for i in 0..CALLS_PER_ROUND {
+            touched = touched.wrapping_add(call(i));
+        }
+        took.push(begun.elapsed() / CALLS_PER_ROUND);
+    }
+    took.sort_unstable();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    println!(
+        "{name:<44} median {:>9.3} us   worst {:>9.3} us   per request ({rounds} rounds of {CALLS_PER_ROUND}; {touched})",
+        us(took[took.len() / 2]),
+        us(took[took.len() - 1]),
+    );
+}
+
+/// What the request handlers read of the metadata, per request.
+fn requests(state: &std::sync::Arc<MetadataState>, partitions: u32, groups: u32, rounds: u32) {
+    let per_topic = partitions / TOPICS;
+    let topics: Vec<TopicName> = (0..TOPICS).map(|t| TopicName::new(format!("topic-{t}")).unwrap()).collect();
+    let group_names: Vec<GroupName> = (0..groups).map(|g| GroupName::new(format!("group-{g}")).unwrap()).collect();
+    let members: Vec<MemberId> =
+        (0..MEMBERS_PER_GROUP).map(|m| MemberId::new(format!("member-{m}")).unwrap()).collect();
+
+    // A produce: the handler takes the state (an `Arc`), finds the topic and
+    // the partition, and (when not hosted here) names the replicas.
+    per_call("a produce's routing", rounds, |i| {
+        let metadata = std::sync::Arc::clone(state);
+        let topic = metadata.topic(&topics[(i % TOPICS) as usize]).expect("topic");
+        let partition = &topic.partitions[(i % per_topic) as usize];
+        partition.replicas.iter().filter_map(|b| metadata.brokers().get(b)).map(|b| b.address.len()).sum()
+    });
+
+    let mut sessions = GroupSessions::new();
+    sessions.grant_fresh_sessions(state, MonotonicMs(0));
+    per_call("a heartbeat (coordinator sessions)", rounds, |i| {
+        let group = &group_names[(i % groups) as usize];
+        let member = &members[(i % MEMBERS_PER_GROUP) as usize];
+        let generation = state.group(group).expect("group").generation;
+        let epoch = state.group(group).and_then(|g| g.members.get(member)).expect("member").member_epoch;
+        let reply = sessions.heartbeat(state, group, member, epoch, generation, MonotonicMs(u64::from(i)));
+        usize::from(reply.is_ok())
+    });
+
+    // A poll: the member must own the partition in the group's generation.
+    per_call("a poll's ownership check", rounds, |i| {
+        let metadata = std::sync::Arc::clone(state);
+        let group = metadata.group(&group_names[(i % groups) as usize]).expect("group");
+        let partition = TopicPartition::new(topics[(i % TOPICS) as usize].clone(), PartitionIndex(i % per_topic));
+        let owner = group.assignment.owner(&partition);
+        usize::from(owner.is_some() && group.generation != Generation(0))
+    });
+
+    per_call("the sessions' sync after a join", rounds.min(3), |i| {
+        sessions.sync(state, MonotonicMs(u64::from(i)));
+        1
     });
 }
