@@ -768,7 +768,6 @@ async fn setup_topics(world: &World) {
             replication_factor: topic.replication_factor,
             retention_bytes: world.scenario.retention_bytes,
             retention_ms: world.scenario.retention_ms,
-            ..Default::default()
         };
         while client.create_topic(request.clone()).await.is_err() {
             // AlreadyExists after a lost reply is fine too.
@@ -2541,7 +2540,6 @@ fn lane_topics(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std
                 replication_factor: topic.replication_factor,
                 retention_bytes: world.scenario.retention_bytes,
                 retention_ms: world.scenario.retention_ms,
-                ..Default::default()
             };
             // Re-created even after the safety phase: the workload needs it.
             let deadline = world.now_ms() + 30_000;
