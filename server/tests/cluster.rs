@@ -329,7 +329,8 @@ fn leader_of(cluster: &LocalCluster, group: &GroupId) -> Option<u64> {
 /// Idle partition groups go quiet: no heartbeats, every follower's
 /// election timer stopped. A write wakes its group and commits on every
 /// replica; when the broker leading quiet groups dies, the others elect new
-/// leaders by broker liveness, as fast as a heartbeating group would.
+/// leaders by broker liveness, as fast as a heartbeating group would, and
+/// the groups go quiet again without it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_groups_go_quiet_wake_on_writes_and_elect_when_their_leader_dies() {
     let dir = TempDir::new().unwrap();
@@ -379,7 +380,17 @@ async fn idle_groups_go_quiet_wake_on_writes_and_elect_when_their_leader_dies() 
     let response = cluster.propose(&group, append(1, 1, "after"), DEADLINE).await.unwrap();
     assert!(matches!(response, Response::Partition(Ok(PartitionOutcome::Appended { .. }))), "{response:?}");
 
-    // The broker comes back and catches up; everything goes quiet again.
+    // While it is down, its followers are left out: both partitions go
+    // quiet on the two brokers left (a dead follower used to keep every
+    // group with a replica on its broker heartbeating).
+    let quiet_without_it = |c: &LocalCluster| {
+        let counts: Vec<_> = c.live().map(|n| n.quiet_counts()).collect();
+        counts.iter().map(|q| q.led).sum::<usize>() == 2 && counts.iter().map(|q| q.followed).sum::<usize>() == 2
+    };
+    cluster.eventually("quiet without the dead broker", DEADLINE, quiet_without_it).await.unwrap();
+
+    // The broker comes back and catches up (its group wakes for it, the
+    // write it missed is sent); everything goes quiet again.
     cluster.restart(leader).await.unwrap();
     let caught_up = |c: &LocalCluster| {
         c.node(leader).unwrap().partition(&partition).is_some_and(|state| state.high_watermark() == Offset(2))

@@ -4,9 +4,12 @@
 //!
 //! The leader of a partition group lets it go quiet once, for
 //! [`QUIET_AFTER_ROUNDS`] rounds in a row, its log has not grown, it has
-//! applied all of it, every voter has all of it, the membership is plain
-//! (no learners, no joint configuration) and every voter's broker was heard
-//! lately. It lists the group in the liveness report it sends each peer
+//! applied all of it, the membership is plain (no learners, no joint
+//! configuration), a majority of the voters' brokers (its own among them)
+//! were heard lately and every voter on those brokers has all of it.
+//! Voters on brokers not heard are left out: a broker that is down does
+//! not keep awake every group with a replica on it, and when it is heard
+//! again its groups wake until it has caught up. It lists the group in the liveness report it sends each peer
 //! every [`LIVENESS_INTERVAL`]: one message per broker pair, whatever the
 //! number of groups. A follower that finds the group listed by the leader
 //! it follows, with its own term and last log index, stops the group's
@@ -211,10 +214,20 @@ impl Node {
                 let joint = membership.get_joint_config();
                 let plain = joint.len() == 1 && membership.learner_ids().next().is_none();
                 let voters: Vec<NodeId> = joint.iter().flatten().copied().collect();
-                let followers = || voters.iter().filter(|v| **v != me);
+                // Followers on brokers given up are left out, as
+                // CockroachDB quiesces ranges with dead replicas: with one
+                // broker down, every group with a replica there would
+                // otherwise heartbeat for as long as it stays down (at
+                // 10,000 partitions, 6,600 groups heartbeating on two
+                // brokers: the survivors overloaded and the 3,400 groups
+                // the dead broker led never elected). A follower whose
+                // broker is heard again counts again, and its group wakes
+                // until it has the whole log.
+                let live_followers = || voters.iter().filter(|v| **v != me && live(v));
                 let replicated = m.replication.as_ref().is_some_and(|matched| {
-                    followers().all(|v| matched.get(v).is_some_and(|l| l.map(|l| l.index) == m.last_log_index))
+                    live_followers().all(|v| matched.get(v).is_some_and(|l| l.map(|l| l.index) == m.last_log_index))
                 });
+                let quorum_live = 2 * (1 + live_followers().count()) > voters.len();
                 // A leader its membership no longer names must keep
                 // ticking: openraft steps it down on a tick.
                 let settled = plain
@@ -222,7 +235,7 @@ impl Node {
                     && m.last_log_index.is_some()
                     && m.last_applied.map(|l| l.index) == m.last_log_index
                     && replicated
-                    && followers().all(live);
+                    && quorum_live;
                 let term = m.current_term;
                 let entry = led.entry(group.clone()).or_insert(Led {
                     term,
