@@ -401,6 +401,41 @@ async fn idle_groups_go_quiet_wake_on_writes_and_elect_when_their_leader_dies() 
     cluster.shutdown().await;
 }
 
+/// A follower's broker that is stopped and comes back, with nothing written
+/// meanwhile, is settled again without an election: its groups' leaders
+/// left it out while it was down (and stayed quiet), and wake when it is
+/// heard again, so that heartbeats tell it what was committed. A follower
+/// that has not applied its whole log never goes quiet, and would stand
+/// for election once its patience ran out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_back_after_a_stop_settles_without_an_election() {
+    let dir = TempDir::new().unwrap();
+    let (mut cluster, partition, group) = cluster_with_topic(&dir, "back", |_| {}, RetentionPolicy::default()).await;
+    let quiet = |c: &LocalCluster| {
+        let counts: Vec<_> = c.live().map(|n| n.quiet_counts()).collect();
+        counts.iter().map(|q| q.led).sum::<usize>() == 2 && counts.iter().map(|q| q.followed).sum::<usize>() == 4
+    };
+    let response = cluster.propose(&group, append(1, 0, "before"), DEADLINE).await.unwrap();
+    assert!(matches!(response, Response::Partition(Ok(PartitionOutcome::Appended { .. }))), "{response:?}");
+    cluster.eventually("quiet after the write", DEADLINE, quiet).await.unwrap();
+
+    let leader = leader_of(&cluster, &group).expect("a leader");
+    let term = |c: &LocalCluster| c.node(leader).unwrap().raft(&group).unwrap().metrics().borrow().current_term;
+    let term_before = term(&cluster);
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.stop(follower).await;
+    // Long enough for its broker to be given up (800 ms) and left out.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    cluster.restart(follower).await.unwrap();
+    cluster.eventually("quiet again after the restart", DEADLINE, quiet).await.unwrap();
+    assert_eq!(values(&cluster, follower, &partition), ["before"]);
+    // Quiet for longer than a follower's patience before it stands (10 s).
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(leader_of(&cluster, &group), Some(leader), "the leader kept its lead");
+    assert_eq!(term(&cluster), term_before, "no election after the follower came back");
+    cluster.shutdown().await;
+}
+
 /// For each partition of `topic`: its preferred leader, and the broker
 /// leading it with its term (if one does).
 fn leaders(cluster: &LocalCluster, topic: &str) -> Vec<(u64, Option<(u64, u64)>)> {

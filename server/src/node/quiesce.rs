@@ -9,7 +9,8 @@
 //! were heard lately and every voter on those brokers has all of it.
 //! Voters on brokers not heard are left out: a broker that is down does
 //! not keep awake every group with a replica on it, and when it is heard
-//! again its groups wake until it has caught up. It lists the group in the liveness report it sends each peer
+//! again its groups wake (for [`REJOIN_WAKE`] at least, so that heartbeats
+//! tell it what was committed) until it has caught up. It lists the group in the liveness report it sends each peer
 //! every [`LIVENESS_INTERVAL`]: one message per broker pair, whatever the
 //! number of groups. A follower that finds the group listed by the leader
 //! it follows, with its own term and last log index, stops the group's
@@ -72,6 +73,13 @@ pub const LIVENESS_TIMEOUT: Duration = Duration::from_millis(800);
 /// The window over which the groups of a broker given up start their
 /// elections.
 pub const WAKE_SPREAD: Duration = Duration::from_millis(400);
+/// How long a group stays awake (heartbeating) once a follower it left out
+/// is heard again: a follower back from a crash may not know what was
+/// committed, only a heartbeat tells it, and until it has applied its whole
+/// log it does not go quiet (and stands for election once its patience,
+/// `waves::FOLLOWER_PATIENCE`, runs out). Its broker may be heard before it
+/// has started all its groups, so a second of heartbeats is not enough.
+pub const REJOIN_WAKE: Duration = Duration::from_secs(5);
 /// How long one liveness call may take.
 const LIVENESS_CALL_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -130,6 +138,10 @@ struct Led {
     term: u64,
     last_index: Option<u64>,
     voters: Vec<NodeId>,
+    /// Followers left out at the last round (their brokers unheard).
+    left_out: Vec<NodeId>,
+    /// Awake until then, for a follower left out that is heard again.
+    awake_until: Option<Instant>,
     idle_rounds: u32,
     quiet: bool,
 }
@@ -222,8 +234,9 @@ impl Node {
                 // brokers: the survivors overloaded and the 3,400 groups
                 // the dead broker led never elected). A follower whose
                 // broker is heard again counts again, and its group wakes
-                // until it has the whole log.
+                // for `REJOIN_WAKE` (below) even if it had the whole log.
                 let live_followers = || voters.iter().filter(|v| **v != me && live(v));
+                let left_out: Vec<NodeId> = voters.iter().filter(|v| **v != me && !live(v)).copied().collect();
                 let replicated = m.replication.as_ref().is_some_and(|matched| {
                     live_followers().all(|v| matched.get(v).is_some_and(|l| l.map(|l| l.index) == m.last_log_index))
                 });
@@ -241,9 +254,16 @@ impl Node {
                     term,
                     last_index: m.last_log_index,
                     voters: Vec::new(),
+                    left_out: Vec::new(),
+                    awake_until: None,
                     idle_rounds: 0,
                     quiet: false,
                 });
+                if entry.left_out.iter().any(|voter| !left_out.contains(voter)) {
+                    entry.awake_until = Some(now + REJOIN_WAKE);
+                }
+                entry.left_out = left_out;
+                let settled = settled && entry.awake_until.is_none_or(|until| now >= until);
                 let unchanged = entry.term == term && entry.last_index == m.last_log_index;
                 entry.idle_rounds = if settled && unchanged { entry.idle_rounds.saturating_add(1) } else { 0 };
                 entry.term = term;

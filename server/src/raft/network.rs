@@ -86,7 +86,7 @@ pub struct Liveness {
 }
 
 /// A group its leader let go quiet: in `term`, with `last_index` its last
-/// log index, every voter having all of it.
+/// log index, every voter on a broker it hears having all of it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuietGroup {
     pub group: String,
