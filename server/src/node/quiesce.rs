@@ -10,8 +10,9 @@
 //! Voters on brokers not heard are left out: a broker that is down does
 //! not keep awake every group with a replica on it, and when it is heard
 //! again its groups wake (for [`REJOIN_WAKE`] at least, so that heartbeats
-//! tell it what was committed) until it has caught up. It lists the group in the liveness report it sends each peer
-//! every [`LIVENESS_INTERVAL`]: one message per broker pair, whatever the
+//! tell it what was committed) until it has caught up. It lists the group
+//! in the liveness report it sends each peer every [`LIVENESS_INTERVAL`]:
+//! one message per broker pair, whatever the
 //! number of groups. A follower that finds the group listed by the leader
 //! it follows, with its own term and last log index, stops the group's
 //! election timer.
