@@ -316,6 +316,11 @@ fn raft_calls(node: &keel_server::node::Node) -> u64 {
     node.peer_health().values().map(|health| health.calls).sum()
 }
 
+/// Quiet groups led and followed on the live brokers, summed.
+fn quiet_groups(cluster: &LocalCluster) -> (usize, usize) {
+    cluster.live().map(|n| n.quiet_counts()).fold((0, 0), |(led, followed), q| (led + q.led, followed + q.followed))
+}
+
 /// The broker leading `group`, if any.
 fn leader_of(cluster: &LocalCluster, group: &GroupId) -> Option<u64> {
     cluster
@@ -336,10 +341,7 @@ async fn idle_groups_go_quiet_wake_on_writes_and_elect_when_their_leader_dies() 
     let dir = TempDir::new().unwrap();
     let (mut cluster, partition, group) = cluster_with_topic(&dir, "idle", |_| {}, RetentionPolicy::default()).await;
     // Both partitions, each quiet on its leader and its two followers.
-    let quiet = |c: &LocalCluster| {
-        let counts: Vec<_> = c.live().map(|n| n.quiet_counts()).collect();
-        counts.iter().map(|q| q.led).sum::<usize>() == 2 && counts.iter().map(|q| q.followed).sum::<usize>() == 4
-    };
+    let quiet = |c: &LocalCluster| quiet_groups(c) == (2, 4);
     cluster.eventually("both partitions quiet", DEADLINE, quiet).await.unwrap();
 
     // Quiet groups send no Raft calls: in 2 s only the metadata group's
@@ -383,10 +385,7 @@ async fn idle_groups_go_quiet_wake_on_writes_and_elect_when_their_leader_dies() 
     // While it is down, its followers are left out: both partitions go
     // quiet on the two brokers left (a dead follower used to keep every
     // group with a replica on its broker heartbeating).
-    let quiet_without_it = |c: &LocalCluster| {
-        let counts: Vec<_> = c.live().map(|n| n.quiet_counts()).collect();
-        counts.iter().map(|q| q.led).sum::<usize>() == 2 && counts.iter().map(|q| q.followed).sum::<usize>() == 2
-    };
+    let quiet_without_it = |c: &LocalCluster| quiet_groups(c) == (2, 2);
     cluster.eventually("quiet without the dead broker", DEADLINE, quiet_without_it).await.unwrap();
 
     // The broker comes back and catches up (its group wakes for it, the
@@ -411,10 +410,7 @@ async fn idle_groups_go_quiet_wake_on_writes_and_elect_when_their_leader_dies() 
 async fn a_follower_back_after_a_stop_settles_without_an_election() {
     let dir = TempDir::new().unwrap();
     let (mut cluster, partition, group) = cluster_with_topic(&dir, "back", |_| {}, RetentionPolicy::default()).await;
-    let quiet = |c: &LocalCluster| {
-        let counts: Vec<_> = c.live().map(|n| n.quiet_counts()).collect();
-        counts.iter().map(|q| q.led).sum::<usize>() == 2 && counts.iter().map(|q| q.followed).sum::<usize>() == 4
-    };
+    let quiet = |c: &LocalCluster| quiet_groups(c) == (2, 4);
     let response = cluster.propose(&group, append(1, 0, "before"), DEADLINE).await.unwrap();
     assert!(matches!(response, Response::Partition(Ok(PartitionOutcome::Appended { .. }))), "{response:?}");
     cluster.eventually("quiet after the write", DEADLINE, quiet).await.unwrap();
