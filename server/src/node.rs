@@ -49,7 +49,7 @@ mod waves;
 pub use append::{ENTRIES_IN_FLIGHT_MAX, ENTRY_BATCHES_MAX, ENTRY_BYTES_MAX};
 pub use membership::MembershipError;
 pub use quiesce::{QuietCounts, LIVENESS_TIMEOUT, QUIET_AFTER_ROUNDS};
-pub use waves::WAVE_GROUPS;
+pub use waves::{NEW_GROUP_TURN, WAVE_GROUPS};
 
 /// Largest reply of the public API.
 pub const API_REPLY_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -142,7 +142,8 @@ pub struct NodeConfig {
     /// How often the metadata leader does its duties.
     pub duty_interval: Duration,
     /// How many partition groups this broker lets elect and settle at
-    /// once (see `waves`; default [`WAVE_GROUPS`]).
+    /// once, a new group counting for [`NEW_GROUP_TURN`] (see `waves`;
+    /// default [`WAVE_GROUPS`]).
     pub wave_groups: usize,
     /// How often each partition leader checks whether records are due to
     /// go under its topic's retention policy (Kafka's

@@ -442,3 +442,57 @@ fn learner_entry_lost(removed_first: bool) -> Result<(), JoinRefusal> {
         joined
     })
 }
+
+/// A broker that follows the partition (and leads none) loses power while
+/// the group is quiet, and comes back: the leader left it out while it was
+/// down, so the group stayed quiet; on its return the group wakes for it
+/// (`quiesce::REJOIN_WAKE`), heartbeats tell it what was committed (its
+/// commit point was not synced), and the group goes quiet again with the
+/// same leader in the same term. Without the wake, a follower that has not
+/// applied its whole log never goes quiet, waits out its patience and
+/// stands for election: the term moves.
+#[test]
+fn a_follower_back_from_a_power_cut_settles_without_an_election() {
+    for seed in [1, 2, 3, 4] {
+        let runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
+        runtime.block_on(follower_back_from_a_power_cut(seed));
+    }
+}
+
+async fn follower_back_from_a_power_cut(seed: u64) {
+    let handle = Handle::current();
+    let (brokers, hosts) = start_brokers(&handle);
+    let (_, group) = create_orders(&brokers).await;
+    for sequence in 0..10 {
+        propose(&brokers, &group, append(sequence)).await;
+    }
+    let nodes = || -> Vec<Node> { brokers.iter().filter_map(|b| b.node.lock().unwrap().clone()).collect() };
+    // The group quiet on all three brokers: one leader, two followers.
+    let quiet = |nodes: &[Node]| {
+        let counts = nodes.iter().map(|n| n.quiet_counts()).fold((0, 0), |(l, f), q| (l + q.led, f + q.followed));
+        nodes.len() == 3 && counts == (1, 2)
+    };
+    let settled = |nodes: &[Node]| {
+        let metrics: Vec<_> = nodes.iter().map(|n| n.raft(&group).unwrap().metrics().borrow().clone()).collect();
+        let leader = metrics.iter().find(|m| m.state == openraft::ServerState::Leader)?;
+        let all_applied = metrics.iter().all(|m| m.last_applied.map(|l| l.index) == leader.last_log_index);
+        (quiet(nodes) && all_applied).then(|| (leader.id, leader.current_term))
+    };
+    let mut waited = 0;
+    let (leader, term) = loop {
+        if let Some(found) = settled(&nodes()) {
+            break found;
+        }
+        waited += 1;
+        assert!(waited < 600, "seed {seed}: the group did not go quiet");
+        madsim::time::sleep(Duration::from_millis(100)).await;
+    };
+    let follower = (0..3).find(|i| brokers[*i].node.lock().unwrap().as_ref().unwrap().id() != leader).unwrap();
+    power_cut(&handle, &brokers[follower], hosts[follower]);
+    madsim::time::sleep(Duration::from_secs(3)).await;
+    handle.restart(hosts[follower]);
+    // Past the follower's patience (`waves::FOLLOWER_PATIENCE`, 10 s).
+    madsim::time::sleep(Duration::from_secs(20)).await;
+    let back = settled(&nodes());
+    assert_eq!(back, Some((leader, term)), "seed {seed}: the group elected again, or is not quiet and applied");
+}
