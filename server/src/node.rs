@@ -327,6 +327,8 @@ struct NodeInner {
     /// Partition groups whose leader (this broker) is changing their
     /// membership to follow a move.
     membership_changes: Mutex<BTreeSet<GroupId>>,
+    /// Groups led here found to follow their placement (see `membership`).
+    converged: Mutex<membership::Converged>,
     /// When retention was last checked on each partition group led here.
     retention_checked: Mutex<BTreeMap<GroupId, keel_core::MonotonicMs>>,
     /// Partition groups with a retention proposal awaiting its outcome (at
@@ -445,6 +447,7 @@ impl Node {
             was_metadata_leader: Mutex::new(false),
             cursors: Mutex::new(BTreeMap::new()),
             membership_changes: Mutex::new(BTreeSet::new()),
+            converged: Mutex::default(),
             retention_checked: Mutex::new(BTreeMap::new()),
             retention_proposed: Mutex::new(BTreeSet::new()),
             lanes: append::Lanes::default(),
