@@ -476,7 +476,7 @@ async fn follower_back_from_a_power_cut(seed: u64) {
         let metrics: Vec<_> = nodes.iter().map(|n| n.raft(&group).unwrap().metrics().borrow().clone()).collect();
         let leader = metrics.iter().find(|m| m.state == openraft::ServerState::Leader)?;
         let all_applied = metrics.iter().all(|m| m.last_applied.map(|l| l.index) == leader.last_log_index);
-        (quiet(nodes) && all_applied).then(|| (leader.id, leader.current_term))
+        (quiet(nodes) && all_applied).then_some((leader.id, leader.current_term))
     };
     let mut waited = 0;
     let (leader, term) = loop {

@@ -16,11 +16,13 @@
 //! Otherwise a turn is taken when the turns held leave room for it (at
 //! most [`WAVE_GROUPS`] elections at once, a new group's initialisation
 //! counting for [`NEW_GROUP_TURN`]), in this order: groups whose preferred
-//! leader is this broker first, then by group. A quiet group whose
+//! leader is this broker first, then by group; a group that cannot win
+//! (a majority of its voters unheard) waits without one, and a new group's
+//! turn that does not fit ends the round's turns. A quiet group whose
 //! leader's broker goes unheard waits here again (see `quiesce`): a broker
-//! killed leaves thousands of groups to elect at once. A turn starts the group's timers, and for a new group
-//! initialises it. A group gives its turn back once it is quiet here, and
-//! after [`WAVE_HOLD`] at the latest.
+//! killed leaves thousands of groups to elect at once. A turn starts the
+//! group's timers, and for a new group initialises it. A group gives its
+//! turn back once it is quiet here, and after [`WAVE_HOLD`] at the latest.
 //!
 //! Knowing a leader is not enough to run the timers: after a restart
 //! openraft names the leader of the vote restored from disk, and that
@@ -44,7 +46,7 @@
 //!
 //! Turns change only when an election timer runs, never what Raft decides.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -114,6 +116,15 @@ fn next_wave_size(size: usize, ceiling: usize, settled: usize, leaderless: usize
     let floor = WAVE_GROUPS_MIN.min(ceiling);
     let size = if leaderless > 0 { size / 2 } else { size.saturating_add(settled) };
     size.clamp(floor, ceiling)
+}
+
+/// Whether a majority of the voters of each of a group's configurations
+/// (one, or two while joint) is this broker or a peer heard lately.
+fn majority_heard(joint: &[BTreeSet<NodeId>], me: NodeId, live_peers: &BTreeSet<NodeId>) -> bool {
+    joint.iter().filter(|voters| !voters.is_empty()).all(|voters| {
+        let heard = voters.iter().filter(|v| **v == me || live_peers.contains(v)).count();
+        2 * heard > voters.len()
+    })
 }
 
 /// What a turn counts for in a wave of `size` (see [`WAVE_GROUPS`]).
@@ -272,6 +283,14 @@ impl Node {
                     // longer names (a move took it off) is stepping down:
                     // its followers must elect.
                     Step::Wait
+                } else if initialised && !majority_heard(joint, me, &live_peers) {
+                    // It cannot win an election while most of its voters
+                    // are unheard: it waits rather than take a turn it
+                    // cannot use. (Groups that could not elect, such as
+                    // those of replication factor 2 whose other replica's
+                    // broker died, took turns again and again, and held
+                    // back those that could.)
+                    Step::Wait
                 } else if initialised {
                     Step::Turn { initialise: false }
                 } else if waiting.initialise.is_some() && self.may_initialise(waiting, now) {
@@ -296,8 +315,11 @@ impl Node {
                     done.push(turn.clone());
                 }
                 // A new group's turn counts for more, but never for more
-                // than the whole wave (a wave of one turn still turns).
-                Step::Turn { initialise } if room < turn_weight(initialise, next) => {}
+                // than the whole wave (a wave of one turn still turns). One
+                // that does not fit ends the round's turns, so that the
+                // room freed next is its, not taken a turn at a time by
+                // the groups after it.
+                Step::Turn { initialise } if room < turn_weight(initialise, next) => room = 0,
                 Step::Turn { initialise } => {
                     let weight = turn_weight(initialise, next);
                     room -= weight;
@@ -372,6 +394,20 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_group_takes_a_turn_only_with_a_majority_of_its_voters_heard() {
+        let heard: BTreeSet<NodeId> = [2].into();
+        let three: BTreeSet<NodeId> = [1, 2, 3].into();
+        let two_with_dead: BTreeSet<NodeId> = [1, 3].into();
+        assert!(majority_heard(std::slice::from_ref(&three), 1, &heard), "2 of 3");
+        assert!(!majority_heard(std::slice::from_ref(&two_with_dead), 1, &heard), "1 of 2");
+        assert!(!majority_heard(std::slice::from_ref(&three), 1, &BTreeSet::new()), "1 of 3");
+        assert!(majority_heard(&[[1].into()], 1, &BTreeSet::new()), "a group of one");
+        // Joint: a majority of each configuration.
+        assert!(!majority_heard(&[three.clone(), two_with_dead], 1, &heard));
+        assert!(majority_heard(&[three, [1, 2].into()], 1, &heard));
+    }
 
     #[test]
     fn a_new_groups_turn_counts_for_more_but_never_for_more_than_the_wave() {
