@@ -432,6 +432,44 @@ async fn a_follower_back_after_a_stop_settles_without_an_election() {
     cluster.shutdown().await;
 }
 
+/// A move that keeps the partition's leader reaches its group even when the
+/// group has long been settled: a leader skips the groups it found
+/// following their placement until the metadata (or the group's term or
+/// membership) changes, and the move is such a change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_reaches_a_group_long_settled_under_the_same_leader() {
+    let dir = TempDir::new().unwrap();
+    let mut cluster = registered_cluster(&dir, 4, |_| {}).await;
+    create_topic(&cluster, "settled", 1, RetentionPolicy::default()).await;
+    let name = TopicName::new("settled").unwrap();
+    let partition = TopicPartition::new(name.clone(), PartitionIndex(0));
+    let group = cluster.node(1).unwrap().partition_group(&partition).expect("the partition's group");
+    cluster.eventually("the partition quiet", DEADLINE, |c| quiet_groups(c) == (1, 2)).await.unwrap();
+    // Settled for a while: its leader's reviews have found it settled.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = leader_of(&cluster, &group).expect("a leader");
+    let replicas: Vec<u64> =
+        cluster.node(1).unwrap().metadata().topic(&name).unwrap().partitions[0].replicas.iter().map(|b| b.0).collect();
+    let outside = (1..=4).find(|id| !replicas.contains(id)).unwrap();
+    let follower = *replicas.iter().find(|id| **id != leader).unwrap();
+    let target: Vec<u64> = replicas.iter().map(|id| if *id == follower { outside } else { *id }).collect();
+    let moved = MetadataCommand::MoveReplicas {
+        topic: "settled".into(),
+        partition: PartitionIndex(0),
+        replicas: target.iter().map(|id| keel_core::BrokerId(*id)).collect(),
+    };
+    let response = cluster.propose(&GroupId::Metadata, Command::Metadata(moved), DEADLINE).await.unwrap();
+    assert!(matches!(response, Response::Metadata(Ok(MetadataOutcome::ReplicasMoved { .. }))), "{response:?}");
+    let voters = |c: &LocalCluster| -> Vec<u64> {
+        let node = c.node(leader).unwrap();
+        node.raft(&group).unwrap().metrics().borrow().membership_config.membership().voter_ids().collect()
+    };
+    let mut expected = target.clone();
+    expected.sort_unstable();
+    cluster.eventually("the group's voters follow the move", DEADLINE, |c| voters(c) == expected).await.unwrap();
+    cluster.shutdown().await;
+}
+
 /// For each partition of `topic`: its preferred leader, and the broker
 /// leading it with its term (if one does).
 fn leaders(cluster: &LocalCluster, topic: &str) -> Vec<(u64, Option<(u64, u64)>)> {
@@ -457,8 +495,9 @@ fn leaders(cluster: &LocalCluster, topic: &str) -> Vec<(u64, Option<(u64, u64)>)
 /// replicas never split their votes, and a broker runs at most
 /// `wave_groups` elections at once, a new group counting for
 /// `NEW_GROUP_TURN` (10,000 partitions created at once never settled:
-/// every group's replicas stood for election in the same instant). A full restart then elects nobody: each
-/// group's restored leader settles it again, a wave at a time.
+/// every group's replicas stood for election in the same instant). A full
+/// restart then elects nobody: each group's restored leader settles it
+/// again, a wave at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_groups_elect_in_waves_on_their_preferred_leader_and_a_full_restart_elects_none() {
     let dir = TempDir::new().unwrap();

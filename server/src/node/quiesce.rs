@@ -299,15 +299,13 @@ impl Node {
         let due: Vec<(GroupId, bool)> = {
             let mut following = quiet.following.lock().expect("following");
             following.retain(|group, _| running.contains(group));
-            for followed in following.values_mut() {
-                if !live(&followed.leader) {
-                    followed.wake_at = Some(now);
-                }
-            }
+            // Due: its leader's broker is unheard (orphaned), or its
+            // leader stopped listing it a full election timeout ago.
             let due: Vec<(GroupId, bool)> = following
                 .iter()
-                .filter(|(_, f)| f.wake_at.is_some_and(|at| at <= now))
-                .map(|(g, f)| (g.clone(), !live(&f.leader)))
+                .map(|(g, f)| (g, f, !live(&f.leader)))
+                .filter(|(_, f, orphaned)| *orphaned || f.wake_at.is_some_and(|at| at <= now))
+                .map(|(g, _, orphaned)| (g.clone(), orphaned))
                 .collect();
             for (group, _) in &due {
                 following.remove(group);
