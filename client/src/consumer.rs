@@ -1,9 +1,17 @@
 //! A consumer-group member: join, heartbeat, poll the assigned partitions,
 //! ack, rejoin on a rebalance or when fenced, leave.
+//!
+//! A member keeps one long poll in flight at each broker leading part of its
+//! assignment, each waiting the whole poll wait: records on any broker end
+//! their poll at once, and an idle member costs each broker one poll per
+//! wait, not one per wait and broker.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use keel_proto::v1 as pb;
 use tonic::Code;
 
@@ -12,6 +20,14 @@ use crate::client::{hinted_leader, passing, Client, ClientError, Route, FENCED_M
 /// How long a poll that delivered nothing and had a partition refused
 /// (an election, a broker behind, a leader hint) pauses before it returns.
 const REFUSED_PAUSE: Duration = Duration::from_millis(100);
+
+/// A poll sent to one broker: when it was sent, the partitions asked for,
+/// and the answer with the broker that gave it.
+type PollAnswer =
+    (tokio::time::Instant, Vec<pb::TopicPartition>, Result<(pb::PollPartitionsResponse, String), ClientError>);
+
+/// A poll in flight.
+type PollInFlight = Pin<Box<dyn Future<Output = PollAnswer> + Send>>;
 
 /// One record as a member receives it.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,8 +62,14 @@ pub struct Consumer {
     /// this member id a newer epoch than the one held here.
     join_uncertain: bool,
     partitions: Vec<pb::TopicPartition>,
-    /// Round-robin over the brokers leading the assignment.
-    next_batch: usize,
+    /// Polls sent and not answered yet: at most one per assigned partition
+    /// (the partitions of [`Consumer::polling`]), each at most
+    /// [`keel_proto::POLL_PARTITIONS_MAX`] partitions.
+    in_flight: FuturesUnordered<PollInFlight>,
+    /// The partitions a poll in flight asks for: none is asked twice at once.
+    polling: BTreeSet<(String, u32)>,
+    /// How many polls were sent: rotates each poll's partition order.
+    polls_sent: usize,
     /// Whether the last poll was told to rejoin and could not: the next
     /// poll rejoins first.
     rejoin_pending: bool,
@@ -63,6 +85,8 @@ pub struct Consumer {
     /// The partitions the last poll served, with the generation: this
     /// member's claims on them.
     last_polled: Vec<(pb::TopicPartition, u64)>,
+    /// When the poll answered last was sent (an earlier call may have).
+    last_poll_sent: Option<tokio::time::Instant>,
 }
 
 impl Consumer {
@@ -104,7 +128,10 @@ impl Consumer {
             notices: Vec::new(),
             session_next: BTreeMap::new(),
             last_polled: Vec::new(),
-            next_batch: 0,
+            last_poll_sent: None,
+            in_flight: FuturesUnordered::new(),
+            polling: BTreeSet::new(),
+            polls_sent: 0,
             rejoin_pending: false,
             last_heartbeat: tokio::time::Instant::now(),
         };
@@ -141,6 +168,13 @@ impl Consumer {
         &self.last_polled
     }
 
+    /// When the poll the last call answered from was sent: polls stay in
+    /// flight across calls, so an earlier call may have sent it. `None` if
+    /// the last call answered none.
+    pub fn last_poll_sent(&self) -> Option<tokio::time::Instant> {
+        self.last_poll_sent
+    }
+
     /// The partitions assigned to this member.
     pub fn assignment(&self) -> &[pb::TopicPartition] {
         &self.partitions
@@ -148,6 +182,10 @@ impl Consumer {
 
     /// Join again: fetch the current generation and assignment.
     pub async fn rejoin(&mut self) -> Result<(), ClientError> {
+        // Polls sent under the old join are dropped (cancelled): their
+        // answers speak for a generation or epoch this member leaves.
+        self.in_flight = FuturesUnordered::new();
+        self.polling.clear();
         let request = pb::JoinGroupRequest {
             group: self.group.clone(),
             member: self.member.clone(),
@@ -193,10 +231,15 @@ impl Consumer {
         Ok(true)
     }
 
+    /// How often this member heartbeats: a third of its session.
+    fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.session_timeout_ms / 3)
+    }
+
     /// Heartbeat if a third of the session has passed; rejoin if the group
     /// moved on or forgot this member.
     async fn heartbeat_if_due(&mut self) -> Result<(), ClientError> {
-        if self.last_heartbeat.elapsed() < Duration::from_millis(self.session_timeout_ms / 3) {
+        if self.last_heartbeat.elapsed() < self.heartbeat_interval() {
             return Ok(());
         }
         let request = pb::HeartbeatRequest {
@@ -232,11 +275,14 @@ impl Consumer {
         }
     }
 
-    /// Poll the assigned partitions led by the next broker (round-robin
-    /// over the brokers leading them), in one request, waiting up to
-    /// `max_wait` for records. Rejoins on a rebalance or a fence.
+    /// Wait up to `max_wait` for the first answer of the polls in flight,
+    /// after sending one to each broker leading assigned partitions that no
+    /// poll asks for yet (each waits up to `max_wait` for records, and asks
+    /// for at most `max_records`). Hands on that answer's records; rejoins
+    /// on a rebalance or a fence. Returns early when a heartbeat is due.
     pub async fn poll(&mut self, max_records: u32, max_wait: Duration) -> Result<Vec<Delivery>, ClientError> {
         self.last_polled.clear();
+        self.last_poll_sent = None;
         if self.rejoin_pending {
             self.rejoin().await?;
         }
@@ -245,42 +291,18 @@ impl Consumer {
             tokio::time::sleep(max_wait).await;
             return Ok(Vec::new());
         }
-        let batches = self.batches();
-        // Spread the wait over the brokers so that none starves.
-        let wait = max_wait / batches.len() as u32;
-        let (slot, round) = (self.next_batch % batches.len(), self.next_batch / batches.len());
-        self.next_batch = self.next_batch.wrapping_add(1);
-        let (leader, mut batch) = batches.into_iter().nth(slot).expect("a batch in range");
-        // The record budget is filled in the order asked: rotate it each
-        // round so that no partition always comes last.
-        let first = round % batch.len();
-        batch.rotate_left(first);
-        let request = pb::PollPartitionsRequest {
-            group: self.group.clone(),
-            member: self.member.clone(),
-            generation: self.generation,
-            member_epoch: self.member_epoch,
-            partitions: batch
-                .iter()
-                .map(|assigned| pb::PollPartition {
-                    topic: assigned.topic.clone(),
-                    partition: assigned.partition,
-                    offset: self.session_offset(assigned),
-                    topic_id: (assigned.topic_id != 0).then_some(assigned.topic_id),
-                })
-                .collect(),
-            max_records,
-            max_bytes: self.poll_bytes_max,
-            max_wait_ms: wait.as_millis() as u64,
+        self.send_polls(max_records, max_wait);
+        // Back in time for the next heartbeat: polls in flight go on waiting.
+        let heartbeat_due = self.heartbeat_interval().saturating_sub(self.last_heartbeat.elapsed());
+        let Ok(Some((sent, batch, answer))) = tokio::time::timeout(max_wait.min(heartbeat_due), self.in_flight.next()).await
+        else {
+            return Ok(Vec::new());
         };
-        let route = leader.map_or(Route::Any, Route::Broker);
-        let (response, answered) = self
-            .client
-            .call_answered(route, wait, |mut c| {
-                let r = request.clone();
-                async move { c.poll_partitions(r).await }
-            })
-            .await?;
+        for assigned in &batch {
+            self.polling.remove(&(assigned.topic.clone(), assigned.partition));
+        }
+        self.last_poll_sent = Some(sent);
+        let (response, answered) = answer?;
         let mut polled = Vec::with_capacity(batch.len());
         let (mut fenced, mut moved, mut refused, mut any_refused) = (None, None, None, false);
         for (assigned, answer) in batch.into_iter().zip(response.partitions) {
@@ -346,22 +368,67 @@ impl Consumer {
         Ok(deliveries)
     }
 
-    /// The assignment split into polls: per broker known to lead them, and
-    /// those whose leader is not known yet (asked of any broker, which
-    /// names the leaders). At most [`keel_proto::POLL_PARTITIONS_MAX`] in each.
-    fn batches(&self) -> Vec<(Option<String>, Vec<pb::TopicPartition>)> {
+    /// Send a poll for the assigned partitions no poll in flight asks for:
+    /// one per broker known to lead some of them, and one for those whose
+    /// leader is not known yet (asked of any broker, which names the
+    /// leaders). At most [`keel_proto::POLL_PARTITIONS_MAX`] in each.
+    fn send_polls(&mut self, max_records: u32, max_wait: Duration) {
         let mut by_leader: BTreeMap<Option<String>, Vec<pb::TopicPartition>> = BTreeMap::new();
         for assigned in &self.partitions {
+            if self.polling.contains(&(assigned.topic.clone(), assigned.partition)) {
+                continue;
+            }
             let leader = self.client.leader(&Route::Partition(assigned.topic.clone(), assigned.partition));
             by_leader.entry(leader).or_default().push(assigned.clone());
         }
-        let mut batches = Vec::new();
         for (leader, partitions) in by_leader {
             for chunk in partitions.chunks(keel_proto::POLL_PARTITIONS_MAX) {
-                batches.push((leader.clone(), chunk.to_vec()));
+                let mut batch = chunk.to_vec();
+                // The record budget is filled in the order asked: rotate it
+                // each time, so that no partition always comes last.
+                let first = self.polls_sent % batch.len();
+                batch.rotate_left(first);
+                self.polls_sent = self.polls_sent.wrapping_add(1);
+                self.send_poll(leader.clone(), batch, max_records, max_wait);
             }
         }
-        batches
+    }
+
+    /// Send one poll for `batch` to `leader` (any broker if not known).
+    fn send_poll(&mut self, leader: Option<String>, batch: Vec<pb::TopicPartition>, max_records: u32, wait: Duration) {
+        let request = pb::PollPartitionsRequest {
+            group: self.group.clone(),
+            member: self.member.clone(),
+            generation: self.generation,
+            member_epoch: self.member_epoch,
+            partitions: batch
+                .iter()
+                .map(|assigned| pb::PollPartition {
+                    topic: assigned.topic.clone(),
+                    partition: assigned.partition,
+                    offset: self.session_offset(assigned),
+                    topic_id: (assigned.topic_id != 0).then_some(assigned.topic_id),
+                })
+                .collect(),
+            max_records,
+            max_bytes: self.poll_bytes_max,
+            max_wait_ms: wait.as_millis() as u64,
+        };
+        for assigned in &batch {
+            self.polling.insert((assigned.topic.clone(), assigned.partition));
+        }
+        let client = self.client.clone();
+        let route = leader.map_or(Route::Any, Route::Broker);
+        let sent = tokio::time::Instant::now();
+        self.in_flight.push(Box::pin(async move {
+            let answer = client
+                .call_answered(route, wait, |mut c| {
+                    let r = request.clone();
+                    async move { c.poll_partitions(r).await }
+                })
+                .await;
+            (sent, batch, answer)
+        }));
     }
 
     /// Where this session is on a partition: a reply lost on the way is

@@ -1022,7 +1022,6 @@ async fn member_life(world: &World, plan: &GroupPlan, c: u32, member: &str) -> C
         let slow = (group == MAIN_GROUP && c == 0 && world.now_ms() < scenario.safety_ms)
             .then_some(scenario.slow_consumer.as_ref())
             .flatten();
-        let invoked_at_ms = world.now_ms();
         let records_max = slow.map_or(100, |slow| slow.records_per_poll);
         let deliveries = match consumer.poll(records_max, Duration::from_millis(300)).await {
             Ok(deliveries) => deliveries,
@@ -1031,6 +1030,11 @@ async fn member_life(world: &World, plan: &GroupPlan, c: u32, member: &str) -> C
                 continue;
             }
         };
+        // Polls stay in flight across calls: the one answered may have been
+        // sent by an earlier call, and G5 judges it by when it was sent.
+        let invoked_at_ms = consumer
+            .last_poll_sent()
+            .map_or_else(|| world.now_ms(), |sent| sent.duration_since(world.start).as_millis() as u64);
         // One poll serves the partitions one broker leads: record each.
         for (polled, generation) in consumer.last_polled() {
             let (topic, topic_id, partition) = (&polled.topic, polled.topic_id, polled.partition);

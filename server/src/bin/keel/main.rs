@@ -556,6 +556,11 @@ struct ConsumeArgs {
     /// the older --session-timeout-ms took).
     #[arg(long, alias = "session-timeout-ms", default_value = "10s", value_parser = duration_or_ms)]
     session_timeout: std::time::Duration,
+    /// How long each long poll may wait at a broker for records (e.g. 5s;
+    /// brokers cap it at 30s). A record ends the wait at once, so a longer
+    /// wait only makes an idle member cheaper for the brokers.
+    #[arg(long, default_value = "5s", value_parser = duration_or_ms)]
+    poll_wait: std::time::Duration,
     /// Stop after this many records.
     #[arg(long)]
     max_records: Option<u64>,
@@ -2028,10 +2033,14 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
             break;
         }
         let want = args.max_records.map_or(500, |max| (max - printed).min(500)) as u32;
+        // Back by the idle timeout, not a whole poll wait later.
+        let wait = args
+            .idle_timeout
+            .map_or(args.poll_wait, |idle| args.poll_wait.min(idle.saturating_sub(idle_since.elapsed())));
         let deliveries = tokio::select! {
             biased;
             _ = interrupted.recv() => break,
-            polled = consumer.poll(want, std::time::Duration::from_millis(500)) => polled?,
+            polled = consumer.poll(want, wait) => polled?,
         };
         for notice in consumer.take_notices() {
             eprintln!("keel consume: {notice}");
