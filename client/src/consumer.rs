@@ -294,7 +294,8 @@ impl Consumer {
         self.send_polls(max_records, max_wait);
         // Back in time for the next heartbeat: polls in flight go on waiting.
         let heartbeat_due = self.heartbeat_interval().saturating_sub(self.last_heartbeat.elapsed());
-        let Ok(Some((sent, batch, answer))) = tokio::time::timeout(max_wait.min(heartbeat_due), self.in_flight.next()).await
+        let Ok(Some((sent, batch, answer))) =
+            tokio::time::timeout(max_wait.min(heartbeat_due), self.in_flight.next()).await
         else {
             return Ok(Vec::new());
         };

@@ -959,7 +959,8 @@ impl Node {
             // Its election timer is off until its turn (see `waves`).
             let initialise = placement.may_initialise(self.id()).then(|| placement.members(&metadata));
             let preferred = placement.placement.preferred_leader().map(|b| b.0);
-            self.wait_for_turn(group.clone(), waves::Start { initialise, preferred });
+            let rank = placement.placement.replicas.iter().position(|b| b.0 == self.id()).unwrap_or(usize::MAX);
+            self.wait_for_turn(group.clone(), waves::Start { initialise, preferred, rank });
         }
         if started > 0 {
             tracing::info!(started, elapsed_ms = began.elapsed().as_millis() as u64, "partition groups started");

@@ -314,13 +314,20 @@ impl Node {
         };
         #[cfg(madsim)]
         let due = if keel_core::planted::is_planted(keel_core::planted::Bug::QuietForever) { Vec::new() } else { due };
+        // Read once, and only when a group is orphaned (its rank decides its turn).
+        let metadata = due.iter().any(|(_, orphaned)| *orphaned).then(|| self.metadata());
         for (group, orphaned) in due {
             let Some(raft) = self.raft(&group) else { continue };
             if orphaned {
                 // Its leader's broker is unheard: it stands for election in
                 // its wave turn, its timers off until then.
                 tracing::debug!(%group, "followed group's leader went unheard: it waits for a turn to elect");
-                self.wait_for_turn(group, super::waves::Start { initialise: None, preferred: None });
+                let rank = metadata
+                    .as_deref()
+                    .and_then(|metadata| Self::placement_of(metadata, &group))
+                    .and_then(|placement| placement.replicas.iter().position(|b| b.0 == self.id()))
+                    .unwrap_or(usize::MAX);
+                self.wait_for_turn(group, super::waves::Start { initialise: None, preferred: None, rank });
             } else {
                 tracing::debug!(%group, "followed group wakes: its election timer runs again");
                 following_timers(&raft, true);

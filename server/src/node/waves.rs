@@ -15,8 +15,12 @@
 //! turn.
 //! Otherwise a turn is taken when the turns held leave room for it (at
 //! most [`WAVE_GROUPS`] elections at once, a new group's initialisation
-//! counting for [`NEW_GROUP_TURN`]), in this order: groups whose preferred
-//! leader is this broker first, then by group; a group that cannot win
+//! counting for [`NEW_GROUP_TURN`]), in this order: by this broker's place
+//! among the group's replicas (the preferred leader's groups first, then
+//! those where this broker is next in line), then by group. So when a
+//! broker dies, each broker left stands first in the groups where it is
+//! next in line: their turns go to different groups, rather than to the
+//! same groups where they would stand against each other. A group that cannot win
 //! (a majority of its voters unheard) waits without one, and a new group's
 //! turn that does not fit ends the round's turns. A quiet group whose
 //! leader's broker goes unheard waits here again (see `quiesce`): a broker
@@ -147,10 +151,11 @@ struct Held {
     preferred: Option<NodeId>,
 }
 
-/// A waiting group's place: this broker's preferred groups first.
+/// A waiting group's place: by this broker's rank among its replicas,
+/// then by group.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Turn {
-    not_preferred: bool,
+    rank: usize,
     group: GroupId,
 }
 
@@ -168,6 +173,9 @@ struct Waiting {
 pub(super) struct Start {
     pub initialise: Option<BTreeMap<NodeId, BasicNode>>,
     pub preferred: Option<NodeId>,
+    /// This broker's place in the group's placement (0: the preferred
+    /// leader; `usize::MAX` if not placed here, such as a replica moved off).
+    pub rank: usize,
 }
 
 /// What one round decided for a waiting group.
@@ -187,7 +195,6 @@ impl Node {
     /// A partition group just started here (its election timer off) waits
     /// for its turn.
     pub(super) fn wait_for_turn(&self, group: GroupId, start: Start) {
-        let preferred = start.preferred == Some(self.id());
         let mut state = self.inner.waves.state.lock().expect("waves");
         let waiting = Waiting {
             since: Instant::now(),
@@ -195,7 +202,7 @@ impl Node {
             initialise: start.initialise,
             preferred: start.preferred,
         };
-        state.waiting.insert(Turn { not_preferred: !preferred, group }, waiting);
+        state.waiting.insert(Turn { rank: start.rank, group }, waiting);
     }
 
     pub(super) async fn waves_forever(&self) {
