@@ -5,6 +5,8 @@
 //!
 //! Each case applies one command per batch and reports the median and
 //! worst of its applies:
+//! - a member joins one group in the state machine's core alone (the
+//!   assignor, no row written), on a copy of the state;
 //! - allocate a producer id (the command changes one counter);
 //! - a member joins one group, then leaves (the group is reassigned);
 //! - a broker registers again (one broker row).
@@ -133,6 +135,18 @@ fn main() {
             "metadata of {partitions} partitions (RF 3) x {groups} groups of {MEMBERS_PER_GROUP} members built in {:.1} s",
             begun.elapsed().as_secs_f64()
         );
+        // The state machine's share of a join (the assignor), without the
+        // row written: each on a copy of the state (a persistent map's copy
+        // is O(1)).
+        let mut core_joins = Vec::new();
+        let topic_names: Vec<String> = (0..TOPICS).map(|t| format!("topic-{t}")).collect();
+        for round in 0..rounds {
+            let mut copy = state.clone();
+            let begun = Instant::now();
+            apply_core(&mut copy, join(round % groups, MEMBERS_PER_GROUP, &topic_names));
+            core_joins.push(begun.elapsed());
+        }
+        report("a member joins a group (core apply only)", &mut core_joins);
         let dir = tempfile::TempDir::new().unwrap();
         let store = NodeStore::open(dir.path()).unwrap();
         let initial = GroupState::Metadata(std::sync::Arc::new(state));
