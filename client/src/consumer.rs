@@ -29,6 +29,17 @@ type PollAnswer =
 /// A poll in flight.
 type PollInFlight = Pin<Box<dyn Future<Output = PollAnswer> + Send>>;
 
+/// A poll's task, cancelled when dropped: a rejoin drops the polls of the
+/// old join. A task, not a future polled only while `poll()` waits, so
+/// that a poll is sent when it is made, whatever the caller does next.
+struct PollTask<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for PollTask<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// One record as a member receives it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delivery {
@@ -68,8 +79,9 @@ pub struct Consumer {
     in_flight: FuturesUnordered<PollInFlight>,
     /// The partitions a poll in flight asks for: none is asked twice at once.
     polling: BTreeSet<(String, u32)>,
-    /// How many polls were sent: rotates each poll's partition order.
-    polls_sent: usize,
+    /// How many polls were sent per batch (leader, chunk): rotates each
+    /// poll's partition order. At most one entry per broker and chunk.
+    rotations: BTreeMap<(Option<String>, usize), usize>,
     /// Whether the last poll was told to rejoin and could not: the next
     /// poll rejoins first.
     rejoin_pending: bool,
@@ -131,7 +143,7 @@ impl Consumer {
             last_poll_sent: None,
             in_flight: FuturesUnordered::new(),
             polling: BTreeSet::new(),
-            polls_sent: 0,
+            rotations: BTreeMap::new(),
             rejoin_pending: false,
             last_heartbeat: tokio::time::Instant::now(),
         };
@@ -186,6 +198,7 @@ impl Consumer {
         // answers speak for a generation or epoch this member leaves.
         self.in_flight = FuturesUnordered::new();
         self.polling.clear();
+        self.rotations.clear();
         let request = pb::JoinGroupRequest {
             group: self.group.clone(),
             member: self.member.clone(),
@@ -383,13 +396,15 @@ impl Consumer {
             by_leader.entry(leader).or_default().push(assigned.clone());
         }
         for (leader, partitions) in by_leader {
-            for chunk in partitions.chunks(keel_proto::POLL_PARTITIONS_MAX) {
+            for (chunk_index, chunk) in partitions.chunks(keel_proto::POLL_PARTITIONS_MAX).enumerate() {
                 let mut batch = chunk.to_vec();
                 // The record budget is filled in the order asked: rotate it
-                // each time, so that no partition always comes last.
-                let first = self.polls_sent % batch.len();
+                // each time this batch is sent, so that no partition always
+                // comes last.
+                let sent = self.rotations.entry((leader.clone(), chunk_index)).or_default();
+                let first = *sent % batch.len();
                 batch.rotate_left(first);
-                self.polls_sent = self.polls_sent.wrapping_add(1);
+                *sent = sent.wrapping_add(1);
                 self.send_poll(leader.clone(), batch, max_records, max_wait);
             }
         }
@@ -420,14 +435,19 @@ impl Consumer {
         }
         let client = self.client.clone();
         let route = leader.map_or(Route::Any, Route::Broker);
-        let sent = tokio::time::Instant::now();
-        self.in_flight.push(Box::pin(async move {
+        let mut task = PollTask(tokio::spawn(async move {
+            let sent = tokio::time::Instant::now();
             let answer = client
                 .call_answered(route, wait, |mut c| {
                     let r = request.clone();
                     async move { c.poll_partitions(r).await }
                 })
                 .await;
+            (sent, answer)
+        }));
+        self.in_flight.push(Box::pin(async move {
+            let (sent, answer) =
+                (&mut task.0).await.expect("a poll task does not panic, and is aborted only when dropped");
             (sent, batch, answer)
         }));
     }

@@ -153,6 +153,15 @@ fn a_group_consumes_every_record_through_a_leader_kill() {
         &missing[..missing.len().min(10)]
     );
     eprintln!("10000 records consumed with {} duplicate deliveries", deliveries - 10_000);
+
+    // --max-records holds across brokers: a member's polls at the other
+    // leaders were sent asking for what was wanted then, and may answer
+    // after the first one delivered some. (A review found that overshoot;
+    // this run does not always meet it: it passed without the fix too.)
+    cli_ok(&any, &["topic", "create", "counted", "--partitions", "6", "--replication-factor", "3"], "");
+    cli_ok(&any, &["produce", "counted"], &(0..18).map(|i| format!("{i}\n")).collect::<String>());
+    let printed = cli_ok(&any, &["consume", "counted", "--group", "five", "--max-records", "5"], "");
+    assert_eq!(printed.lines().count(), 5, "{printed}");
 }
 
 #[test]

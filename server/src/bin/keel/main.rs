@@ -303,6 +303,16 @@ fn duration_or_ms(text: &str) -> Result<std::time::Duration, String> {
     duration_or(text, std::time::Duration::from_millis(1))
 }
 
+/// `consume --poll-wait`: at least 10 ms, or an idle member would poll
+/// in a tight loop.
+fn poll_wait(text: &str) -> Result<std::time::Duration, String> {
+    let wait = duration_or_ms(text)?;
+    if wait < std::time::Duration::from_millis(10) {
+        return Err(format!("{wait:?} is too short: give at least 10ms (5s is the default)"));
+    }
+    Ok(wait)
+}
+
 fn duration_or_secs(text: &str) -> Result<std::time::Duration, String> {
     duration_or(text, std::time::Duration::from_secs(1))
 }
@@ -557,9 +567,10 @@ struct ConsumeArgs {
     #[arg(long, alias = "session-timeout-ms", default_value = "10s", value_parser = duration_or_ms)]
     session_timeout: std::time::Duration,
     /// How long each long poll may wait at a broker for records (e.g. 5s;
-    /// brokers cap it at 30s). A record ends the wait at once, so a longer
-    /// wait only makes an idle member cheaper for the brokers.
-    #[arg(long, default_value = "5s", value_parser = duration_or_ms)]
+    /// at least 10ms; brokers cap it at 30s). A record ends the wait at
+    /// once, so a longer wait only makes an idle member cheaper for the
+    /// brokers.
+    #[arg(long, default_value = "5s", value_parser = poll_wait)]
     poll_wait: std::time::Duration,
     /// Stop after this many records.
     #[arg(long)]
@@ -2048,6 +2059,11 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
         if deliveries.is_empty() {
             continue;
         }
+        // Polls in flight asked for as many as were wanted when sent: print
+        // (and ack) no more than are wanted now. Those left over stay
+        // unacknowledged, for the group's next reader.
+        let mut deliveries = deliveries;
+        deliveries.truncate(want as usize);
         idle_since = tokio::time::Instant::now();
         for delivery in &deliveries {
             if connection.json {
