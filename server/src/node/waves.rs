@@ -17,10 +17,13 @@
 //! most [`WAVE_GROUPS`] elections at once, a new group's initialisation
 //! counting for [`NEW_GROUP_TURN`]), in this order: by this broker's place
 //! among the group's replicas (the preferred leader's groups first, then
-//! those where this broker is next in line), then by group. So when a
-//! broker dies, each broker left stands first in the groups where it is
-//! next in line: their turns go to different groups, rather than to the
-//! same groups where they would stand against each other. A group that cannot win
+//! those where this broker is next in line), then in a shuffle of this
+//! broker's own. So when a broker dies, each broker left stands first in
+//! the groups where it is next in line, and where brokers are ranked alike
+//! (placement lists the replicas of all partitions a broker leads in one
+//! order) they take the groups in different orders: their turns go to
+//! different groups, rather than to the same groups where they would stand
+//! against each other. A group that cannot win
 //! (a majority of its voters unheard) waits without one, and a new group's
 //! turn that does not fit ends the round's turns. A quiet group whose
 //! leader's broker goes unheard waits here again (see `quiesce`): a broker
@@ -152,11 +155,36 @@ struct Held {
 }
 
 /// A waiting group's place: by this broker's rank among its replicas,
-/// then by group.
+/// then in an order of this broker's own (`spread`), then by group.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Turn {
     rank: usize,
+    spread: u64,
     group: GroupId,
+}
+
+impl Turn {
+    fn new(rank: usize, group: GroupId, me: NodeId) -> Turn {
+        Turn { rank, spread: spread(&group, me), group }
+    }
+}
+
+/// Where a group comes among those of the same rank on broker `me`: a
+/// fixed shuffle of its own per broker, so that brokers standing in the
+/// same groups at the same rank take them in different orders. (When a
+/// broker of three died, the two left were ranked the same in all of its
+/// groups, second and third, as placement lists the replicas of every
+/// partition it leads in the same order: both stood in the same groups in
+/// the same order, so their turns went to the same 256 groups at once, not
+/// to 512.) Soft state: only the order of turns, never what Raft decides.
+fn spread(group: &GroupId, me: NodeId) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    // `DefaultHasher::new()` has fixed keys: the same order every run (and
+    // in simulation, the same on every replay).
+    let mut hasher = DefaultHasher::new();
+    me.hash(&mut hasher);
+    group.hash(&mut hasher);
+    hasher.finish()
 }
 
 struct Waiting {
@@ -202,7 +230,7 @@ impl Node {
             initialise: start.initialise,
             preferred: start.preferred,
         };
-        state.waiting.insert(Turn { rank: start.rank, group }, waiting);
+        state.waiting.insert(Turn::new(start.rank, group, self.id()), waiting);
     }
 
     pub(super) async fn waves_forever(&self) {
@@ -414,6 +442,27 @@ mod tests {
         // Joint: a majority of each configuration.
         assert!(!majority_heard(&[three.clone(), two_with_dead], 1, &heard));
         assert!(majority_heard(&[three, [1, 2].into()], 1, &heard));
+    }
+
+    #[test]
+    fn brokers_ranked_alike_take_the_groups_in_different_orders() {
+        // Broker 1 of three dies leading 3,334 groups; brokers 2 and 3 are
+        // second and third in each (as placement lists them).
+        let orphans: Vec<GroupId> =
+            (0..3334).map(|p| GroupId::parse(&format!("p/t/1/{p}")).expect("group id")).collect();
+        let first_turns = |me: NodeId| -> BTreeSet<GroupId> {
+            let rank = me as usize - 1;
+            let order: BTreeSet<Turn> = orphans.iter().map(|g| Turn::new(rank, g.clone(), me)).collect();
+            order.into_iter().take(WAVE_GROUPS).map(|turn| turn.group).collect()
+        };
+        let (two, three) = (first_turns(2), first_turns(3));
+        let shared = two.intersection(&three).count();
+        // By group alone both would take the same 256; shuffled, about
+        // 256 * 256 / 3,334 = 20 are shared.
+        assert!(shared < 64, "{shared} of the first {WAVE_GROUPS} turns shared");
+        assert_eq!(first_turns(2), two, "the same order every time");
+        // Rank still comes first.
+        assert!(Turn::new(0, orphans[5].clone(), 2) < Turn::new(1, orphans[0].clone(), 2));
     }
 
     #[test]
