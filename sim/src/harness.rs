@@ -449,6 +449,10 @@ fn start_broker(
     };
     let snapshot_every = scenario.snapshot_every;
     let access_control = scenario.access_control;
+    // The raw-entries lane (with the hostile clients) fills a partition up
+    // to its groups limit, which a cluster sets once for good: low enough
+    // to fill, above what the workload's own groups need.
+    let groups_per_partition_max = scenario.hostile_clients.then_some(RAW_GROUPS_PER_PARTITION);
     let init_slot = slot.clone();
     let host = handle
         .create_node()
@@ -491,6 +495,9 @@ fn start_broker(
                     NodeConfig::new(id, address, address.to_string(), voters.clone())
                 };
                 config.retention_interval = Duration::from_secs(1);
+                if let Some(max) = groups_per_partition_max {
+                    config.limits.groups_per_partition_max = max;
+                }
                 if access_control {
                     config.access = keel_server::api::AccessSettings {
                         authorize: true,
@@ -1772,7 +1779,7 @@ fn lane_raw_entries(
             if over.load(Ordering::SeqCst) {
                 break;
             }
-            match rng.gen_range(0..16) {
+            match rng.gen_range(0..17) {
                 0..=6 => {
                     let (name, command) = entries.metadata[rng.gen_range(0..entries.metadata.len())].clone();
                     propose_raw(&world, &GroupId::Metadata, name, Command::Metadata(command)).await;
@@ -1799,7 +1806,8 @@ fn lane_raw_entries(
                     propose_raw(&world, &group, name, Command::Partition(command)).await;
                 }
                 12..=13 => entries.held_group(&world, &over).await,
-                _ => entries.limit_reached(&world, &over, &mut rng).await,
+                14..=15 => entries.limit_reached(&world, &over, &mut rng).await,
+                _ => entries.partition_groups_reached(&world, &over).await,
             }
         }
     })
@@ -2167,11 +2175,94 @@ impl RawEntries {
             propose_to_leader(world, &GroupId::Metadata, &Command::Metadata(command)).await;
         }
     }
+
+    /// The partition's groups limit, which the cluster sets once for good
+    /// ([`RAW_GROUPS_PER_PARTITION`] here): claims by groups of the lane's
+    /// own fill partition 0 of the first topic up to it, one more is
+    /// refused (unless a group went meanwhile), and the lane's groups are
+    /// forgotten again, as they would keep any new group of the workload
+    /// out.
+    async fn partition_groups_reached(&self, world: &World, over: &AtomicBool) {
+        use keel_core::partition::{PartitionCommand, PartitionRejection};
+        let tp = self.partition_zero();
+        let Some(group) = world.live_nodes().iter().find_map(|node| node.partition_group(&tp)) else { return };
+        let Some(leader) = leader_of(world, &group).await else { return };
+        let Some(state) = leader.partition(&tp).filter(|_| leader.partition_group(&tp).as_ref() == Some(&group)) else {
+            return;
+        };
+        let room = (state.limits().groups_per_partition_max as usize).saturating_sub(state.groups().len());
+        if room > RAW_GROUPS_PER_PARTITION as usize {
+            return;
+        }
+        let mut filled = Vec::new();
+        for i in 0..=room {
+            if over.load(Ordering::SeqCst) {
+                break;
+            }
+            let fill = format!("zz-raw-fill-{i}");
+            let claim = PartitionCommand::Claim {
+                group: fill.clone(),
+                member: "raw-filler".into(),
+                generation: keel_core::Generation(1),
+                member_epoch: 1,
+            };
+            let applied = propose_to_leader(world, &group, &Command::Partition(claim)).await;
+            // Forgotten after, answered or not (it may apply all the same).
+            filled.push(fill);
+            if matches!(applied, Some(Applied::Partition(Err(PartitionRejection::TooManyGroups { .. })))) {
+                break;
+            }
+        }
+        while let Some(fill) = filled.last() {
+            // The faults heal only once this lane returns: past the end of
+            // the safety phase, the rest is left to a task.
+            if over.load(Ordering::SeqCst) {
+                let world = world.clone();
+                madsim::task::spawn(async move {
+                    for fill in &filled {
+                        for _ in 0..FORGET_ATTEMPTS {
+                            if forget_fill(&world, &tp, &group, fill).await {
+                                break;
+                            }
+                            madsim::time::sleep(Duration::from_millis(500)).await;
+                        }
+                    }
+                });
+                return;
+            }
+            if forget_fill(world, &tp, &group, fill).await {
+                filled.pop();
+            } else {
+                madsim::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+/// Ask for a group the raw-entries lane filled a partition with to be
+/// forgotten there: whether it is (or the partition's group is gone, its
+/// topic deleted).
+async fn forget_fill(world: &World, tp: &TopicPartition, group: &GroupId, fill: &str) -> bool {
+    let gone = !world.live_nodes().iter().any(|node| node.partition_group(tp).as_ref() == Some(group));
+    let forget = Command::Partition(keel_core::partition::PartitionCommand::ForgetGroup { group: fill.to_string() });
+    gone || matches!(propose_to_leader(world, group, &forget).await, Some(Applied::Partition(Ok(_))))
 }
 
 /// How often the raw-entries lane asks for a lowered limit to be raised
 /// back, 500 ms apart (past the end of the faults, it takes one).
 const RAISE_ATTEMPTS: u32 = 600;
+
+/// The groups a partition may track (`groups_per_partition_max`) in a
+/// cluster with the raw-entries lane: the workload's own groups on one
+/// partition are fewer than half of it (the main group, the audit group, a
+/// second group and the hostile clients' forgeries, which are refused
+/// before they claim).
+pub const RAW_GROUPS_PER_PARTITION: u32 = 12;
+
+/// How often the raw-entries lane asks for each of its fill groups to be
+/// forgotten, 500 ms apart, before it gives up (the partition's topic may
+/// be gone).
+const FORGET_ATTEMPTS: u32 = 600;
 
 /// The live node that leads `group`, as it sees itself.
 async fn leader_of(world: &World, group: &GroupId) -> Option<Node> {
