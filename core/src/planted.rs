@@ -72,11 +72,19 @@ pub enum Bug {
     /// entry no client could send (the API refuses it at the edge) changes
     /// the state machine (the raw-entries lane; a refusal).
     EmptyBatchApplied,
+    /// A broker serves a poll without its fence: no member check against
+    /// its metadata, no claim check, and a claim the partition refuses (a
+    /// newer generation holds it) taken as made: a member of a fenced
+    /// generation still gets records (G5), as does anyone who names a
+    /// member. (Taking the claim check alone away is all but invisible: the
+    /// claim a poll proposes is fenced by the partition itself, and the
+    /// member check by the broker's metadata.)
+    PollWithoutFence,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 19] = [
+    pub const ALL: [Bug; 20] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -96,6 +104,7 @@ impl Bug {
         Bug::ResetAnsweredNotApplied,
         Bug::ReadSkipsFirstRecord,
         Bug::EmptyBatchApplied,
+        Bug::PollWithoutFence,
     ];
 
     /// The name used on the command line.
@@ -120,6 +129,7 @@ impl Bug {
             Bug::ResetAnsweredNotApplied => "reset-answered-not-applied",
             Bug::ReadSkipsFirstRecord => "read-skips-first-record",
             Bug::EmptyBatchApplied => "empty-batch-applied",
+            Bug::PollWithoutFence => "poll-without-fence",
         }
     }
 }

@@ -970,7 +970,7 @@ impl Node {
         let latest = self.metadata();
         for group in running.iter().filter(|group| !placed.contains_key(*group)) {
             let Some(raft) = self.raft(group) else { continue };
-            if !membership::may_stop(&latest, group, &raft, self.id()) {
+            if !membership::may_stop(&latest, group, &raft, self.id()) || self.placement_lags(&latest, group) {
                 continue;
             }
             let topic_gone = Self::placement_of(&latest, group).is_none();
@@ -993,6 +993,21 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// Whether this broker's metadata is behind the placement `group` itself
+    /// has followed (`FollowPlacement`): a restarted broker catching up on
+    /// its metadata passes through placements older than the group's, and
+    /// must not stop a replica that a newer move put here. (Seed 530000112:
+    /// a partition of replication factor 1 moved to broker 2 was stopped
+    /// there, its only replica and leader, while broker 2 applied the
+    /// metadata of the move before, after a crash.)
+    fn placement_lags(&self, metadata: &MetadataState, group: &GroupId) -> bool {
+        let Some(placement) = Self::placement_of(metadata, group) else { return false };
+        let Some(handle) = self.inner.groups.lock().expect("groups").get(group).cloned() else { return false };
+        let state = handle.state_machine.state();
+        let state = state.lock().expect("partition state");
+        matches!(&*state, GroupState::Partition(partition) if partition.placement_epoch() > placement.epoch)
     }
 
     /// Every duty interval: move the membership of partition groups led

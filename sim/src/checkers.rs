@@ -502,6 +502,10 @@ fn fencing(events: &[Event], findings: &mut Findings) {
                 check(&key, *generation, *invoked_at_ms, format!("a poll by {member}"), &claimed, findings);
                 claimed.entry(key).or_default().entry(*generation).or_insert(event.at_ms);
             }
+            EventKind::ZombiePoll { group, member, generation, topic, partition, invoked_at_ms, .. } => {
+                let key = (group.clone(), (topic.clone(), *partition));
+                check(&key, *generation, *invoked_at_ms, format!("a zombie poll as {member}"), &claimed, findings);
+            }
             EventKind::AckInvoke { op, group, member, generation, topic, partition, .. } => {
                 acks.insert(
                     *op,

@@ -105,6 +105,7 @@ impl Plant {
             Plant::Bug(Bug::ResetAnsweredNotApplied) => G4,
             Plant::Bug(Bug::ReadSkipsFirstRecord) => G2,
             Plant::Bug(Bug::EmptyBatchApplied) => Refusal,
+            Plant::Bug(Bug::PollWithoutFence) => G5,
         }
     }
 
@@ -2329,8 +2330,23 @@ fn lane_hostile(
             anonymous: new_client(),
         };
         let process = "hostile";
+        // One client per broker, for a zombie's poll where that broker's
+        // metadata lags.
+        let at_broker: BTreeMap<u64, Client> = (1..=world.scenario.brokers)
+            .map(|id| {
+                (
+                    id,
+                    world.as_user(
+                        Client::new(vec![broker_address(id).to_string()], policy).expect("an address"),
+                        APP_USER,
+                        APP_SECRET,
+                    ),
+                )
+            })
+            .collect();
         while !over.load(Ordering::SeqCst) {
             madsim::time::sleep(Duration::from_millis(rng.gen_range(300..1_500))).await;
+            zombie_poll(&world, &at_broker).await;
             let topic = world.scenario.topics[rng.gen_range(0..world.scenario.topics.len())].clone();
             let partition = rng.gen_range(0..topic.partitions);
             if world.scenario.access_control && rng.gen_bool(0.4) {
@@ -2466,6 +2482,73 @@ fn lane_hostile(
             }
         }
     })
+}
+
+/// A zombie's poll, where a partition leader's metadata lags the group's
+/// newest generation (a broker restarted, or cut off from the metadata's
+/// leader): as the member that leader's metadata says holds the partition,
+/// in the generation it knows. The member check passes there; only the
+/// partition's claim (checked again after a read index, before records are
+/// served) fences it, and records served go to the G5 checker.
+async fn zombie_poll(world: &World, at_broker: &BTreeMap<u64, Client>) {
+    let group = keel_core::GroupName::new(MAIN_GROUP).expect("a group name");
+    let nodes = world.live_nodes();
+    let generation_at = |node: &Node| node.metadata().group(&group).map(|g| g.generation.0);
+    let Some(newest) = nodes.iter().filter_map(generation_at).max() else { return };
+    for node in &nodes {
+        let metadata = node.metadata();
+        let Some(info) = metadata.group(&group).filter(|info| info.generation.0 < newest) else { continue };
+        for topic in &world.scenario.topics {
+            for partition in 0..topic.partitions {
+                let Ok(name) = TopicName::new(&topic.name) else { continue };
+                let tp = TopicPartition::new(name, PartitionIndex(partition));
+                let leads = node
+                    .partition_group(&tp)
+                    .and_then(|g| node.raft(&g))
+                    .is_some_and(|raft| raft.metrics().borrow().current_leader == Some(node.id()));
+                let Some(owner) = info.assignment.owner(&tp).filter(|_| leads) else { continue };
+                let Some(joined) = info.members.get(owner) else { continue };
+                let Some(client) = at_broker.get(&node.id()) else { return };
+                let request = pb::PollRequest {
+                    group: MAIN_GROUP.into(),
+                    member: owner.to_string(),
+                    generation: info.generation.0,
+                    topic: topic.name.clone(),
+                    partition,
+                    max_records: 10,
+                    max_bytes: 1 << 20,
+                    max_wait_ms: 0,
+                    offset: None,
+                    member_epoch: joined.member_epoch,
+                    ..Default::default()
+                };
+                let invoked_at_ms = world.now_ms();
+                let route = keel_client::Route::Partition(topic.name.clone(), partition);
+                let answer = client
+                    .call(route, |mut c| {
+                        let r = request.clone();
+                        async move { c.poll(r).await }
+                    })
+                    .await;
+                if let Some(reply) = answer.ok().filter(|reply| !reply.records.is_empty()) {
+                    world.record(
+                        "hostile",
+                        EventKind::ZombiePoll {
+                            group: MAIN_GROUP.into(),
+                            member: owner.to_string(),
+                            generation: info.generation.0,
+                            topic: topic_key(&topic.name, topic_id_now(world, &topic.name)),
+                            partition,
+                            invoked_at_ms,
+                            records: reply.records.len(),
+                        },
+                    );
+                }
+                // One a round: the lane goes on.
+                return;
+            }
+        }
+    }
 }
 
 /// The callers of the hostile lane that must not be served.

@@ -220,6 +220,19 @@ pub enum EventKind {
         positions: u32,
         kept: Vec<String>,
     },
+    /// The hostile client's poll as a member of a generation a partition
+    /// leader's metadata still holds although the group has moved on (the
+    /// leader restarted, or was cut off from the metadata's leader), served
+    /// with `records`: G5 judges it as it judges a member's poll.
+    ZombiePoll {
+        group: String,
+        member: String,
+        generation: u64,
+        topic: String,
+        partition: u32,
+        invoked_at_ms: u64,
+        records: usize,
+    },
     /// A request of the hostile client that must be refused, and whether it
     /// was (`accepted` with what it got back otherwise).
     Hostile {

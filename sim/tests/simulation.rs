@@ -108,6 +108,15 @@ fn g5_catches_commit_without_the_fence() {
 }
 
 #[test]
+fn g5_catches_a_poll_without_the_fence() {
+    // A paused consumer that polls after the rebalance, and the hostile
+    // lane's zombie (a poll as the member a partition leader's lagging
+    // metadata still holds) show it: 6 of seeds 0-39, seed 6 first, 3 of
+    // them by the zombie (2026-12-05).
+    caught_within(Plant::Bug(Bug::PollWithoutFence), 10);
+}
+
+#[test]
 fn g7_catches_a_poison_pill() {
     caught_within(Plant::Bug(Bug::PanicOnBadCommit), 3);
 }
