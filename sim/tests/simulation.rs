@@ -347,13 +347,13 @@ fn refusal_catches_a_partition_that_applies_an_entry_no_client_could_send() {
 /// refused; the lane's groups are forgotten after, and the run stays clean.
 #[test]
 fn the_raw_entries_lane_reaches_a_partitions_groups_limit() {
-    // 3 of all-fault seeds 0-19 reach it, 1 the first (2026-12-05).
-    let reached = (0..4).find(|seed| {
+    // 2 of all-fault seeds 0-19 reach it, 7 the first (2026-12-05).
+    let reached = (0..10).find(|seed| {
         let report = run_seed(*seed, RunOptions { all_faults: true, plant: None });
         assert!(report.verdict.violations.is_empty(), "seed {seed}: {:?}", report.verdict.violations);
         report.rejections.contains_key("partition:TooManyGroups")
     });
-    assert!(reached.is_some(), "no all-fault seed of 0-3 reached a partition's groups limit");
+    assert!(reached.is_some(), "no all-fault seed of 0-9 reached a partition's groups limit");
 }
 
 /// Failure detection of quiet groups: followers that never give a silent
