@@ -80,11 +80,15 @@ pub enum Bug {
     /// claim a poll proposes is fenced by the partition itself, and the
     /// member check by the broker's metadata.)
     PollWithoutFence,
+    /// Partition commit lets an offset equal to the high watermark through
+    /// (an off-by-one in the bound): the group's position passes the end
+    /// of the log, past a record not yet written (G4).
+    CommitAtHighWatermark,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 20] = [
+    pub const ALL: [Bug; 21] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -105,6 +109,7 @@ impl Bug {
         Bug::ReadSkipsFirstRecord,
         Bug::EmptyBatchApplied,
         Bug::PollWithoutFence,
+        Bug::CommitAtHighWatermark,
     ];
 
     /// The name used on the command line.
@@ -130,6 +135,7 @@ impl Bug {
             Bug::ReadSkipsFirstRecord => "read-skips-first-record",
             Bug::EmptyBatchApplied => "empty-batch-applied",
             Bug::PollWithoutFence => "poll-without-fence",
+            Bug::CommitAtHighWatermark => "commit-at-high-watermark",
         }
     }
 }

@@ -106,6 +106,7 @@ impl Plant {
             Plant::Bug(Bug::ReadSkipsFirstRecord) => G2,
             Plant::Bug(Bug::EmptyBatchApplied) => Refusal,
             Plant::Bug(Bug::PollWithoutFence) => G5,
+            Plant::Bug(Bug::CommitAtHighWatermark) => G4,
         }
     }
 
@@ -1808,7 +1809,8 @@ fn lane_raw_entries(
                     };
                     propose_raw(&world, &group, name, Command::Partition(command)).await;
                 }
-                12..=13 => entries.held_group(&world, &over).await,
+                12 => entries.commit_at_the_end(&world).await,
+                13 => entries.held_group(&world, &over).await,
                 14..=15 => entries.limit_reached(&world, &over, &mut rng).await,
                 _ => {
                     filled = true;
@@ -2196,6 +2198,54 @@ impl RawEntries {
     /// refused (unless a group went meanwhile), and the lane's groups are
     /// forgotten again, as they would keep any new group of the workload
     /// out.
+    /// A commit of the offset at the high watermark (one past the last
+    /// record) by a claiming member of the lane's own group, which must be
+    /// refused unless records came meanwhile. A position found past the
+    /// leader's high watermark after the commit applied was past it when
+    /// it applied (the high watermark only grows): accepted, it must not
+    /// be. The group is one of the lane's fill groups, cleared with them.
+    async fn commit_at_the_end(&self, world: &World) {
+        use keel_core::partition::{PartitionCommand, PartitionOutcome};
+        let tp = self.partition_zero();
+        let Some(group) = world.live_nodes().iter().find_map(|node| node.partition_group(&tp)) else { return };
+        let current = |node: &Node| node.partition(&tp).filter(|_| node.partition_group(&tp).as_ref() == Some(&group));
+        let Some(leader) = leader_of(world, &group).await else { return };
+        let Some(state) = current(&leader) else { return };
+        let name = format!("{FILL_GROUP_PREFIX}hw");
+        let (generation, member_epoch) = (keel_core::Generation(1), 1);
+        let claim = PartitionCommand::Claim { group: name.clone(), member: "raw-hw".into(), generation, member_epoch };
+        if !matches!(
+            propose_to_leader(world, &group, &Command::Partition(claim)).await,
+            Some(Applied::Partition(Ok(PartitionOutcome::Claimed { .. })))
+        ) {
+            return;
+        }
+        let offset = state.high_watermark();
+        let commit =
+            PartitionCommand::Commit { group: name.clone(), member: "raw-hw".into(), generation, member_epoch, offset };
+        let applied = propose_to_leader(world, &group, &Command::Partition(commit)).await;
+        let Some(Applied::Partition(Ok(PartitionOutcome::Committed { position }))) = applied else {
+            world.record(
+                "raw-entries",
+                EventKind::Hostile { attack: "raw entry: a commit at the high watermark".into(), accepted: None },
+            );
+            return;
+        };
+        // Judged on a replica that has applied the commit: its high
+        // watermark is at least what it was when the commit applied (a
+        // replica behind, such as a leader just restarted, could show less).
+        let Ok(group_name) = keel_core::GroupName::new(&name) else { return };
+        let accepted = world.live_nodes().iter().filter_map(current).find_map(|state| {
+            let applied = state.groups().get(&group_name).and_then(|g| g.position)?;
+            (applied == position && position > state.high_watermark())
+                .then(|| format!("position {position} past the high watermark {}", state.high_watermark()))
+        });
+        world.record(
+            "raw-entries",
+            EventKind::Hostile { attack: "raw entry: a commit at the high watermark".into(), accepted },
+        );
+    }
+
     async fn partition_groups_reached(&self, world: &World, over: &AtomicBool) {
         use keel_core::partition::{PartitionCommand, PartitionRejection};
         let tp = self.partition_zero();

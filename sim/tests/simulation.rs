@@ -356,6 +356,16 @@ fn the_raw_entries_lane_reaches_a_partitions_groups_limit() {
     assert!(reached.is_some(), "no all-fault seed of 0-9 reached a partition's groups limit");
 }
 
+/// The raw-entries lane commits the offset at the high watermark (one past
+/// the last record): a partition whose bound is off by one lets the
+/// group's position pass the end of the log, which the brokers' position
+/// samples show (G4; the lane's own check sees it too).
+#[test]
+fn g4_catches_a_commit_at_the_high_watermark() {
+    // 4 of seeds 0-19, seed 4 first (2026-12-05).
+    caught_within(Plant::Bug(Bug::CommitAtHighWatermark), 10);
+}
+
 /// Failure detection of quiet groups: followers that never give a silent
 /// leader's broker up leave a partition leaderless after its leader died.
 #[test]

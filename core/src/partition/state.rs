@@ -391,7 +391,15 @@ impl PartitionState {
         let checked = !crate::planted::is_planted(crate::planted::Bug::CommitUnchecked);
         #[cfg(not(madsim))]
         let checked = true;
-        if checked && position > self.high_watermark {
+        #[cfg(madsim)]
+        let bound = if crate::planted::is_planted(crate::planted::Bug::CommitAtHighWatermark) {
+            Offset(self.high_watermark.0.saturating_add(1))
+        } else {
+            self.high_watermark
+        };
+        #[cfg(not(madsim))]
+        let bound = self.high_watermark;
+        if checked && position > bound {
             return Err(PartitionRejection::CommitBeyondHighWatermark { offset, high_watermark: self.high_watermark });
         }
         let entry = self.groups.entry(group.clone()).or_default();
