@@ -84,11 +84,16 @@ pub enum Bug {
     /// (an off-by-one in the bound): the group's position passes the end
     /// of the log, past a record not yet written (G4).
     CommitAtHighWatermark,
+    /// A partition answers a retried batch older than the producer's latest
+    /// with the latest batch's offsets (dedup finds the right batch but
+    /// answers with the wrong one): records are acknowledged at offsets
+    /// that hold other records (G1).
+    DuplicateAnswersNewest,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 21] = [
+    pub const ALL: [Bug; 22] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -110,6 +115,7 @@ impl Bug {
         Bug::EmptyBatchApplied,
         Bug::PollWithoutFence,
         Bug::CommitAtHighWatermark,
+        Bug::DuplicateAnswersNewest,
     ];
 
     /// The name used on the command line.
@@ -136,6 +142,7 @@ impl Bug {
             Bug::EmptyBatchApplied => "empty-batch-applied",
             Bug::PollWithoutFence => "poll-without-fence",
             Bug::CommitAtHighWatermark => "commit-at-high-watermark",
+            Bug::DuplicateAnswersNewest => "duplicate-answers-newest",
         }
     }
 }

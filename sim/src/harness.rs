@@ -107,6 +107,7 @@ impl Plant {
             Plant::Bug(Bug::EmptyBatchApplied) => Refusal,
             Plant::Bug(Bug::PollWithoutFence) => G5,
             Plant::Bug(Bug::CommitAtHighWatermark) => G4,
+            Plant::Bug(Bug::DuplicateAnswersNewest) => G1,
         }
     }
 

@@ -117,6 +117,13 @@ fn g5_catches_a_poll_without_the_fence() {
 }
 
 #[test]
+fn g1_catches_a_retried_batch_answered_with_the_newest_batchs_offsets() {
+    // Producers with several batches in flight retry older batches after
+    // newer ones applied: 7 of seeds 0-11, seed 0 first (2026-12-05).
+    caught_within(Plant::Bug(Bug::DuplicateAnswersNewest), 3);
+}
+
+#[test]
 fn g7_catches_a_poison_pill() {
     caught_within(Plant::Bug(Bug::PanicOnBadCommit), 3);
 }

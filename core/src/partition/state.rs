@@ -284,7 +284,13 @@ impl PartitionState {
         if sequence > last {
             return Err(PartitionRejection::SequenceGap { producer, expected: Sequence(last.0 + 1), got: sequence });
         }
-        state.find(sequence).copied().map(Some).ok_or(PartitionRejection::SequenceTooOld { producer, got: sequence })
+        let original =
+            state.find(sequence).copied().ok_or(PartitionRejection::SequenceTooOld { producer, got: sequence })?;
+        #[cfg(madsim)]
+        if crate::planted::is_planted(crate::planted::Bug::DuplicateAnswersNewest) {
+            return Ok(Some(state.find(last).copied().unwrap_or(original)));
+        }
+        Ok(Some(original))
     }
 
     fn remember_batch(&mut self, batch: ProducerBatch, remembered: RememberedBatch, at: TimestampMs) {
