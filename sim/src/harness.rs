@@ -40,7 +40,7 @@ use madsim::task::NodeId as HostId;
 use madsim::time::Instant;
 
 use crate::checkers::{check, Verdict};
-use crate::history::{topic_key, trace_hash, EventKind, Recorder, Seen, MAIN_GROUP};
+use crate::history::{topic_key, trace_hash, EventKind, Recorder, Seen, FILL_GROUP_PREFIX, MAIN_GROUP};
 use crate::scenario::{AssignorChoice, FaultKind, Scenario, TopicSpec};
 
 /// A deliberate bug, for the negative controls.
@@ -2301,9 +2301,6 @@ impl RawEntries {
         cleared
     }
 }
-
-/// The names of the groups the raw-entries lane fills a partition with.
-const FILL_GROUP_PREFIX: &str = "zz-raw-fill-";
 
 /// How often the raw-entries lane asks for a lowered limit to be raised
 /// back, 500 ms apart (past the end of the faults, it takes one).

@@ -285,6 +285,11 @@ pub fn main_group() -> String {
 
 pub const MAIN_GROUP: &str = "g";
 
+/// The names of the groups the raw-entries lane fills a partition with (and
+/// commits past its end with): it forgets them and makes them again, so
+/// their positions may start over.
+pub const FILL_GROUP_PREFIX: &str = "zz-raw-fill-";
+
 /// An event with its simulated time since the run began.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Event {
