@@ -89,11 +89,17 @@ pub enum Bug {
     /// answers with the wrong one): records are acknowledged at offsets
     /// that hold other records (G1).
     DuplicateAnswersNewest,
+    /// A broker serves a poll's records without first confirming with a
+    /// quorum that it still leads (no read index): a leader cut off from
+    /// the other brokers, deposed without knowing it, hands records to the
+    /// member its stale state says holds the partition, after a newer
+    /// generation claimed it at the new leader (G5).
+    PollWithoutReadIndex,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 22] = [
+    pub const ALL: [Bug; 23] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -116,6 +122,7 @@ impl Bug {
         Bug::PollWithoutFence,
         Bug::CommitAtHighWatermark,
         Bug::DuplicateAnswersNewest,
+        Bug::PollWithoutReadIndex,
     ];
 
     /// The name used on the command line.
@@ -143,6 +150,7 @@ impl Bug {
             Bug::PollWithoutFence => "poll-without-fence",
             Bug::CommitAtHighWatermark => "commit-at-high-watermark",
             Bug::DuplicateAnswersNewest => "duplicate-answers-newest",
+            Bug::PollWithoutReadIndex => "poll-without-read-index",
         }
     }
 }

@@ -470,7 +470,9 @@ fn committed_offsets(events: &[Event], findings: &mut Findings) {
 }
 
 /// G5: once a member of generation g has polled a partition (which claims
-/// it), no poll or ack of an older generation invoked later succeeds.
+/// it), or a replica applied g's claim (committed, whoever made it), no
+/// poll of an older generation invoked later hands on records, and no ack
+/// of one succeeds.
 fn fencing(events: &[Event], findings: &mut Findings) {
     // Per group and partition: the earliest completion time of a poll per
     // generation (generations are a group's own).
@@ -500,9 +502,17 @@ fn fencing(events: &[Event], findings: &mut Findings) {
     };
     for event in events {
         match &event.kind {
-            EventKind::PollOk { group, member, generation, topic, partition, invoked_at_ms, .. } => {
+            EventKind::PollOk { group, member, generation, topic, partition, invoked_at_ms, records, .. } => {
                 let key = (group.clone(), (topic.clone(), *partition));
-                check(&key, *generation, *invoked_at_ms, format!("a poll by {member}"), &claimed, findings);
+                // An empty answer hands nothing on (a broker answers one
+                // without its read index: nothing to confirm).
+                if !records.is_empty() {
+                    check(&key, *generation, *invoked_at_ms, format!("a poll by {member}"), &claimed, findings);
+                }
+                claimed.entry(key).or_default().entry(*generation).or_insert(event.at_ms);
+            }
+            EventKind::ClaimSample { group, topic, partition, generation, .. } => {
+                let key = (group.clone(), (topic.clone(), *partition));
                 claimed.entry(key).or_default().entry(*generation).or_insert(event.at_ms);
             }
             EventKind::ZombiePoll { group, member, generation, topic, partition, invoked_at_ms, .. } => {

@@ -108,6 +108,7 @@ impl Plant {
             Plant::Bug(Bug::PollWithoutFence) => G5,
             Plant::Bug(Bug::CommitAtHighWatermark) => G4,
             Plant::Bug(Bug::DuplicateAnswersNewest) => G1,
+            Plant::Bug(Bug::PollWithoutReadIndex) => G5,
         }
     }
 
@@ -124,6 +125,7 @@ impl Plant {
             Plant::Bug(Bug::RefuseProducesAfterFailover) => &[FaultKind::LeaderCrash],
             Plant::Bug(Bug::WriteErrorsIgnored) => &[FaultKind::DiskFull],
             Plant::Bug(Bug::QuietForever) => &[FaultKind::LeaderCrash],
+            Plant::Bug(Bug::PollWithoutReadIndex) => &[FaultKind::PartitionBrokers],
             Plant::Bug(_) | Plant::StateAcrossRuns => &[],
         }
     }
@@ -185,7 +187,10 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         if plant == Plant::Bug(Bug::SnapshotDropsLastRecord) {
             scenario.snapshot_every = Some(scenario.snapshot_every.unwrap_or(10).min(10));
         }
-        if plant == Plant::Bug(Bug::AclIgnored) || plant == Plant::Bug(Bug::EmptyBatchApplied) {
+        if plant == Plant::Bug(Bug::AclIgnored)
+            || plant == Plant::Bug(Bug::EmptyBatchApplied)
+            || plant == Plant::Bug(Bug::PollWithoutReadIndex)
+        {
             scenario.hostile_clients = true;
         }
         if plant == Plant::Bug(Bug::QuietForever) {
@@ -389,6 +394,14 @@ struct World {
     /// A leader crash is being checked for failover: the network lane
     /// starts no new fault.
     failover_window: Arc<AtomicBool>,
+    /// Brokers-only splits begun so far, and whether one is on: the hostile
+    /// lane moves the main group on once per split, so that a deposed
+    /// leader's stale claim meets a newer generation (see
+    /// [`FaultKind::PartitionBrokers`]).
+    brokers_splits: Arc<AtomicU64>,
+    brokers_split_on: Arc<AtomicBool>,
+    /// The brokers cut off by the latest brokers-only split.
+    brokers_split_small: Arc<Mutex<Vec<u64>>>,
 }
 
 impl World {
@@ -610,6 +623,9 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
         clogged: Arc::new(Mutex::new(BTreeSet::new())),
         network_faults: Arc::new(AtomicU64::new(0)),
         failover_window: Arc::new(AtomicBool::new(false)),
+        brokers_splits: Arc::new(AtomicU64::new(0)),
+        brokers_split_on: Arc::new(AtomicBool::new(false)),
+        brokers_split_small: Arc::new(Mutex::new(Vec::new())),
     };
     world.record("driver", EventKind::Phase { name: "setup".into() });
     // The driver's own host has no address: client calls run on an admin host.
@@ -1163,7 +1179,9 @@ async fn read_by_offset(world: World) {
 /// when they change (for G4).
 async fn sample_positions(world: World) {
     // (broker, incarnation, topic, partition, group) -> (position, high watermark)
-    type Sampled = BTreeMap<(u64, u64, String, u32, String), (u64, u64)>;
+    // Per (broker, replica life, topic, partition, group).
+    type PerGroup<T> = BTreeMap<(u64, u64, String, u32, String), T>;
+    type Sampled = PerGroup<(u64, u64)>;
     let mut last = Sampled::new();
     // A replica moved off a broker and later back starts afresh: count the
     // replicas each broker incarnation had of a partition, so positions
@@ -1172,6 +1190,8 @@ async fn sample_positions(world: World) {
     let mut replicas: BTreeMap<(u64, String, u32), (u64, bool)> = BTreeMap::new();
     let mut last_snapshots: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
     let mut last_compacted: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+    // The claim last recorded: member and generation.
+    let mut last_claims: PerGroup<(String, u64)> = BTreeMap::new();
     loop {
         for broker in &world.brokers {
             let Some(node) = broker.node() else { continue };
@@ -1222,7 +1242,29 @@ async fn sample_positions(world: World) {
                     }
                     // Each replica's life is its own incarnation for G4.
                     let life = incarnation * 1_000 + replica.0;
-                    for group in state.groups().keys() {
+                    for (group, held) in state.groups() {
+                        // The lane's own fill groups claim with made-up
+                        // generations; the workload's claims are G5's.
+                        if let Some(claim) =
+                            held.claim.as_ref().filter(|_| !group.as_str().starts_with(FILL_GROUP_PREFIX))
+                        {
+                            let key = (broker.id, life, key_topic.clone(), partition, group.to_string());
+                            let now = (claim.member.to_string(), claim.generation.0);
+                            if last_claims.get(&key) != Some(&now) {
+                                world.record(
+                                    &format!("broker-{}", broker.id),
+                                    EventKind::ClaimSample {
+                                        broker: broker.id,
+                                        topic: key_topic.clone(),
+                                        partition,
+                                        group: group.to_string(),
+                                        member: now.0.clone(),
+                                        generation: now.1,
+                                    },
+                                );
+                                last_claims.insert(key, now);
+                            }
+                        }
                         let position = state.group_position(group).0;
                         let high_watermark = state.high_watermark().0;
                         let key = (broker.id, life, key_topic.clone(), partition, group.to_string());
@@ -1426,6 +1468,15 @@ fn some_leader(world: &World, rng: &mut impl Rng) -> Option<u64> {
     let group = &groups[rng.gen_range(0..groups.len())];
     let leader = nodes.iter().find_map(|n| n.raft(group).and_then(|r| r.metrics().borrow().current_leader));
     leader.or_else(|| node.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader))
+}
+
+/// The leader of a partition group drawn at random, if it has one.
+fn partition_leader(world: &World, rng: &mut impl Rng) -> Option<u64> {
+    let nodes = world.live_nodes();
+    let groups: Vec<GroupId> =
+        nodes.first()?.groups().into_iter().filter(|g| matches!(g, GroupId::Partition(..))).collect();
+    let group = groups.get(rng.gen_range(0..groups.len().max(1)))?;
+    nodes.iter().find_map(|n| n.raft(group).and_then(|r| r.metrics().borrow().current_leader))
 }
 
 /// Crashes and pauses of one broker at a time, and power cuts of many.
@@ -2397,8 +2448,17 @@ fn lane_hostile(
                 )
             })
             .collect();
+        // The brokers-only split the group was last moved on in.
+        let mut moved_on_in = 0;
         while !over.load(Ordering::SeqCst) {
             madsim::time::sleep(Duration::from_millis(rng.gen_range(300..1_500))).await;
+            let split = world.brokers_splits.load(Ordering::SeqCst);
+            if world.brokers_split_on.load(Ordering::SeqCst)
+                && split != moved_on_in
+                && move_the_group_on(&world, &client).await
+            {
+                moved_on_in = split;
+            }
             zombie_poll(&world, &at_broker).await;
             let topic = world.scenario.topics[rng.gen_range(0..world.scenario.topics.len())].clone();
             let partition = rng.gen_range(0..topic.partitions);
@@ -2537,6 +2597,46 @@ fn lane_hostile(
     })
 }
 
+/// Move the main group on while brokers are split, once a broker cut off
+/// still leads a partition in its own view: a second process with the id
+/// of the member that broker's metadata says owns it joins and leaves. The
+/// partition goes to another member, which claims it at the large side's
+/// new leader in a newer generation (and the member itself, fenced,
+/// rejoins); the broker cut off still holds the old claim and the old
+/// generation, which [`zombie_poll`] then asks it to serve. Returns
+/// whether it found such a broker.
+async fn move_the_group_on(world: &World, client: &Client) -> bool {
+    let group = keel_core::GroupName::new(MAIN_GROUP).expect("a group name");
+    let small = world.brokers_split_small.lock().expect("split").clone();
+    let mut owner = None;
+    'nodes: for node in world.live_nodes().iter().filter(|node| small.contains(&node.id())) {
+        let metadata = node.metadata();
+        let Some(info) = metadata.group(&group) else { continue };
+        for topic in &world.scenario.topics {
+            for partition in 0..topic.partitions {
+                let Ok(name) = TopicName::new(&topic.name) else { continue };
+                let tp = TopicPartition::new(name, PartitionIndex(partition));
+                let leads = node
+                    .partition_group(&tp)
+                    .and_then(|g| node.raft(&g))
+                    .is_some_and(|raft| raft.metrics().borrow().current_leader == Some(node.id()));
+                if let Some(member) = info.assignment.owner(&tp).filter(|_| leads) {
+                    owner = Some(member.to_string());
+                    break 'nodes;
+                }
+            }
+        }
+    }
+    let Some(owner) = owner else { return false };
+    let topics: Vec<String> = world.scenario.topics.iter().map(|t| t.name.clone()).collect();
+    let session = world.scenario.session_timeout_ms;
+    if let Ok(second) = Consumer::join(client.clone(), MAIN_GROUP, &owner, topics, session).await {
+        // If the leave is lost, the session expires it.
+        let _ = second.leave().await;
+    }
+    true
+}
+
 /// A zombie's poll, where a partition leader's metadata lags the group's
 /// newest generation (a broker restarted, or cut off from the metadata's
 /// leader): as the member that leader's metadata says holds the partition,
@@ -2560,6 +2660,21 @@ async fn zombie_poll(world: &World, at_broker: &BTreeMap<u64, Client>) {
                     .and_then(|g| node.raft(&g))
                     .is_some_and(|raft| raft.metrics().borrow().current_leader == Some(node.id()));
                 let Some(owner) = info.assignment.owner(&tp).filter(|_| leads) else { continue };
+                // Once a newer generation's claim applied somewhere (a
+                // deposed leader's claim is then stale): before that, the
+                // old claim is still the partition's own.
+                let claimed_since = nodes.iter().any(|other| {
+                    other.partition(&tp).is_some_and(|state| {
+                        state
+                            .groups()
+                            .get(&group)
+                            .and_then(|g| g.claim.as_ref())
+                            .is_some_and(|claim| claim.generation > info.generation)
+                    })
+                });
+                if !claimed_since {
+                    continue;
+                }
                 let Some(joined) = info.members.get(owner) else { continue };
                 // The incarnation of the topic that leader knows (its
                 // metadata may be from before the topic was created again):
@@ -2575,7 +2690,9 @@ async fn zombie_poll(world: &World, at_broker: &BTreeMap<u64, Client>) {
                     max_records: 10,
                     max_bytes: 1 << 20,
                     max_wait_ms: 0,
-                    offset: None,
+                    // From the log's start: records to serve even if the member had
+                    // read all its partition held when it was cut off.
+                    offset: Some(0),
                     member_epoch: joined.member_epoch,
                     topic_id: Some(topic_id),
                 };
@@ -3072,6 +3189,20 @@ fn lane_network(
                     clog_between(&world, &world.consumer_hosts, &small);
                     format!("producers reach only brokers {:?}, consumers only {:?}", ids(&small), ids(&large))
                 }
+                FaultKind::PartitionBrokers => {
+                    // The leader of a partition, where there is one: what
+                    // it serves once deposed is the point.
+                    let leader = partition_leader(&world, &mut rng)
+                        .and_then(|id| world.brokers.iter().find(|b| b.id == id))
+                        .map(|b| vec![b.host]);
+                    let small = leader.unwrap_or(small);
+                    let large: Vec<HostId> = brokers.iter().filter(|h| !small.contains(h)).copied().collect();
+                    clog_between(&world, &small, &large);
+                    *world.brokers_split_small.lock().expect("split") = ids(&small);
+                    world.brokers_splits.fetch_add(1, Ordering::SeqCst);
+                    world.brokers_split_on.store(true, Ordering::SeqCst);
+                    format!("brokers {:?} cut off from the other brokers; clients reach every broker", ids(&small))
+                }
                 FaultKind::Duplication => {
                     let percent = rng.gen_range(5..=50);
                     keel_server::raft::network::sim_duplication::set(percent);
@@ -3081,13 +3212,24 @@ fn lane_network(
             };
             world.network_faults.fetch_add(1, Ordering::SeqCst);
             world.record("faults", EventKind::Fault { kind: kind.name().into(), detail: detail.clone() });
-            madsim::time::sleep(fault_duration(&world, &mut rng)).await;
+            let mut lasts = fault_duration(&world, &mut rng);
+            if kind == FaultKind::PartitionBrokers {
+                lasts = lasts.max(BROKERS_SPLIT_MIN);
+            }
+            madsim::time::sleep(lasts).await;
             heal_network(&world);
+            world.brokers_split_on.store(false, Ordering::SeqCst);
             world.network_faults.fetch_add(1, Ordering::SeqCst);
             world.record("faults", EventKind::Heal { kind: kind.name().into(), detail });
         }
     })
 }
+
+/// The shortest brokers-only split: long enough for the small side's
+/// leaders to be replaced, the hostile lane to move the group on, the
+/// members to claim their partitions anew at the new leaders, and a zombie
+/// to poll a deposed one.
+const BROKERS_SPLIT_MIN: Duration = Duration::from_secs(6);
 
 fn heal_network(world: &World) {
     unclog_all(world);

@@ -139,6 +139,18 @@ pub enum EventKind {
         position: u64,
         high_watermark: u64,
     },
+    /// A replica's applied claim of a group on a partition, recorded when
+    /// it changes: applied, the claim is committed, so `generation` has
+    /// claimed the partition by then (G5), whether or not the poll that
+    /// made it was answered.
+    ClaimSample {
+        broker: u64,
+        topic: String,
+        partition: u32,
+        group: String,
+        member: String,
+        generation: u64,
+    },
     /// Everything a replica holds of a partition at the end of the run.
     ReplicaLog {
         broker: u64,

@@ -69,13 +69,18 @@ pub enum FaultKind {
     /// Producers reach only some brokers and consumers only the others:
     /// clients split from each other, each side from part of the cluster.
     ClientSplit,
+    /// A minority of brokers is cut off from the other brokers while every
+    /// client still reaches every broker: a leader on the small side,
+    /// deposed without knowing it, goes on answering clients from a state
+    /// that stops moving (what a read index is for).
+    PartitionBrokers,
 }
 
 impl FaultKind {
     /// Every kind. A seed draws the first [`FaultKind::FIRST_DRAWN`] in one
     /// go and the later ones after the rest of its scenario, so that adding
     /// a kind leaves every earlier choice of every seed as it was.
-    pub const ALL: [FaultKind; 22] = [
+    pub const ALL: [FaultKind; 23] = [
         FaultKind::Crash,
         FaultKind::LeaderCrash,
         FaultKind::Pause,
@@ -98,6 +103,7 @@ impl FaultKind {
         FaultKind::DiskFailure,
         FaultKind::Duplication,
         FaultKind::ClientSplit,
+        FaultKind::PartitionBrokers,
     ];
 
     /// Kinds drawn with the first choices of a seed (the ones that existed
@@ -108,6 +114,8 @@ impl FaultKind {
     pub const SECOND_DRAWN: usize = 17;
     /// Kinds drawn before the shape lane; the ones after, after it.
     pub const THIRD_DRAWN: usize = 20;
+    /// Kinds drawn before the slow consumer; the ones after, after it.
+    pub const FOURTH_DRAWN: usize = 22;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -133,6 +141,7 @@ impl FaultKind {
             FaultKind::DiskFailure => "disk-failure",
             FaultKind::Duplication => "duplication",
             FaultKind::ClientSplit => "client-split",
+            FaultKind::PartitionBrokers => "partition-brokers",
         }
     }
 
@@ -163,6 +172,7 @@ impl FaultKind {
                 | FaultKind::Delay
                 | FaultKind::Duplication
                 | FaultKind::ClientSplit
+                | FaultKind::PartitionBrokers
         )
     }
 
@@ -454,7 +464,7 @@ impl Scenario {
         if all_faults || rng.gen_bool(0.5) {
             self.shape = Some(self.draw_shape(rng));
         }
-        for kind in &FaultKind::ALL[FaultKind::THIRD_DRAWN..] {
+        for kind in &FaultKind::ALL[FaultKind::THIRD_DRAWN..FaultKind::FOURTH_DRAWN] {
             if all_faults || rng.gen_bool(0.5) {
                 self.faults.push(*kind);
             }
@@ -470,6 +480,12 @@ impl Scenario {
             let pause_ms = rng.gen_range(300..=self.session_timeout_ms / 2);
             self.slow_consumer = Some(SlowConsumer { pause_ms, records_per_poll: rng.gen_range(1..=3) });
         }
+        for kind in &FaultKind::ALL[FaultKind::FOURTH_DRAWN..] {
+            if all_faults || rng.gen_bool(0.5) {
+                self.faults.push(*kind);
+            }
+        }
+        self.faults.sort();
         self
     }
 

@@ -112,8 +112,22 @@ fn g5_catches_a_poll_without_the_fence() {
     // A paused consumer that polls after the rebalance, and the hostile
     // lane's zombie (a poll as the member a partition leader's lagging
     // metadata still holds) show it: 6 of seeds 0-39, seed 6 first, 3 of
-    // them by the zombie (2026-12-05).
+    // them by the zombie (2026-12-05); 24 of seeds 0-39, seed 0 first, once
+    // G5 also took the claims replicas applied for claims made (the same
+    // day, twenty-ninth session).
     caught_within(Plant::Bug(Bug::PollWithoutFence), 10);
+}
+
+#[test]
+fn g5_catches_a_poll_without_the_read_index() {
+    // A leader cut off from the other brokers (the network lane's
+    // partition-brokers; clients still reach it), deposed without knowing
+    // it, serves the hostile lane's zombie: a poll from the log's start as
+    // the member its stale state says holds the partition, after the lane
+    // moved the group on and a newer generation's claim applied at the new
+    // leader. Seeds 0, 1, 6 and 17 of 0-39 (2026-12-05); before the
+    // brokers-only split, 0 of 1,100 seeds.
+    caught_within(Plant::Bug(Bug::PollWithoutReadIndex), 20);
 }
 
 #[test]
@@ -354,13 +368,15 @@ fn refusal_catches_a_partition_that_applies_an_entry_no_client_could_send() {
 /// refused; the lane's groups are forgotten after, and the run stays clean.
 #[test]
 fn the_raw_entries_lane_reaches_a_partitions_groups_limit() {
-    // 2 of all-fault seeds 0-19 reach it, 7 the first (2026-12-05).
-    let reached = (0..10).find(|seed| {
+    // 2 of all-fault seeds 0-19 reach it, 7 the first (2026-12-05); since
+    // the brokers-only split changed the runs, 3 of seeds 0-29: 18, 25, 26
+    // (the same day, twenty-ninth session).
+    let reached = (18..28).find(|seed| {
         let report = run_seed(*seed, RunOptions { all_faults: true, plant: None });
         assert!(report.verdict.violations.is_empty(), "seed {seed}: {:?}", report.verdict.violations);
         report.rejections.contains_key("partition:TooManyGroups")
     });
-    assert!(reached.is_some(), "no all-fault seed of 0-9 reached a partition's groups limit");
+    assert!(reached.is_some(), "no all-fault seed of 18-27 reached a partition's groups limit");
 }
 
 /// The raw-entries lane commits the offset at the high watermark (one past
