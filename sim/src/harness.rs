@@ -1175,12 +1175,12 @@ async fn read_by_offset(world: World) {
     }
 }
 
-/// Every 200 ms, each live replica's committed group positions, recorded
-/// when they change (for G4).
+/// Every 200 ms, each live replica's committed group positions (for G4)
+/// and claims (for G5), recorded when they change.
 async fn sample_positions(world: World) {
-    // (broker, incarnation, topic, partition, group) -> (position, high watermark)
     // Per (broker, replica life, topic, partition, group).
     type PerGroup<T> = BTreeMap<(u64, u64, String, u32, String), T>;
+    // (position, high watermark)
     type Sampled = PerGroup<(u64, u64)>;
     let mut last = Sampled::new();
     // A replica moved off a broker and later back starts afresh: count the
@@ -1471,12 +1471,20 @@ fn some_leader(world: &World, rng: &mut impl Rng) -> Option<u64> {
 }
 
 /// The leader of a partition group drawn at random, if it has one.
+/// The broker that leads, in its own view, a partition group drawn from
+/// those the live brokers host, if it has one.
 fn partition_leader(world: &World, rng: &mut impl Rng) -> Option<u64> {
     let nodes = world.live_nodes();
-    let groups: Vec<GroupId> =
-        nodes.first()?.groups().into_iter().filter(|g| matches!(g, GroupId::Partition(..))).collect();
+    let groups: Vec<GroupId> = nodes
+        .iter()
+        .flat_map(|n| n.groups())
+        .filter(|g| matches!(g, GroupId::Partition(..)))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
     let group = groups.get(rng.gen_range(0..groups.len().max(1)))?;
-    nodes.iter().find_map(|n| n.raft(group).and_then(|r| r.metrics().borrow().current_leader))
+    let leads = |n: &&Node| n.raft(group).is_some_and(|r| r.metrics().borrow().current_leader == Some(n.id()));
+    nodes.iter().find(leads).map(|n| n.id())
 }
 
 /// Crashes and pauses of one broker at a time, and power cuts of many.
@@ -2599,12 +2607,14 @@ fn lane_hostile(
 
 /// Move the main group on while brokers are split, once a broker cut off
 /// still leads a partition in its own view: a second process with the id
-/// of the member that broker's metadata says owns it joins and leaves. The
-/// partition goes to another member, which claims it at the large side's
-/// new leader in a newer generation (and the member itself, fenced,
-/// rejoins); the broker cut off still holds the old claim and the old
-/// generation, which [`zombie_poll`] then asks it to serve. Returns
-/// whether it found such a broker.
+/// of the member that broker's metadata says owns it joins and leaves.
+/// Each changes the assignment if the member is still in the group (a new
+/// epoch fences the member itself, which rejoins) and the partition then
+/// usually goes to another member, which claims it at the large side's
+/// new leader in a newer generation; the broker cut off still holds the
+/// old claim and the old generation, which [`zombie_poll`] then asks it to
+/// serve. Returns whether the join was answered (else the next round
+/// tries again).
 async fn move_the_group_on(world: &World, client: &Client) -> bool {
     let group = keel_core::GroupName::new(MAIN_GROUP).expect("a group name");
     let small = world.brokers_split_small.lock().expect("split").clone();
@@ -2630,10 +2640,10 @@ async fn move_the_group_on(world: &World, client: &Client) -> bool {
     let Some(owner) = owner else { return false };
     let topics: Vec<String> = world.scenario.topics.iter().map(|t| t.name.clone()).collect();
     let session = world.scenario.session_timeout_ms;
-    if let Ok(second) = Consumer::join(client.clone(), MAIN_GROUP, &owner, topics, session).await {
-        // If the leave is lost, the session expires it.
-        let _ = second.leave().await;
-    }
+    let Ok(second) = Consumer::join(client.clone(), MAIN_GROUP, &owner, topics, session).await else { return false };
+    // If the leave is lost, the session expires the member (a join whose
+    // answer was lost leaves it to the session too).
+    let _ = second.leave().await;
     true
 }
 
@@ -2660,26 +2670,33 @@ async fn zombie_poll(world: &World, at_broker: &BTreeMap<u64, Client>) {
                     .and_then(|g| node.raft(&g))
                     .is_some_and(|raft| raft.metrics().borrow().current_leader == Some(node.id()));
                 let Some(owner) = info.assignment.owner(&tp).filter(|_| leads) else { continue };
-                // Once a newer generation's claim applied somewhere (a
-                // deposed leader's claim is then stale): before that, the
-                // old claim is still the partition's own.
-                let claimed_since = nodes.iter().any(|other| {
-                    other.partition(&tp).is_some_and(|state| {
-                        state
-                            .groups()
-                            .get(&group)
-                            .and_then(|g| g.claim.as_ref())
-                            .is_some_and(|claim| claim.generation > info.generation)
-                    })
-                });
-                if !claimed_since {
-                    continue;
-                }
-                let Some(joined) = info.members.get(owner) else { continue };
                 // The incarnation of the topic that leader knows (its
                 // metadata may be from before the topic was created again):
                 // G5 judges the poll against that incarnation's claims.
                 let Some(topic_id) = metadata.topic(&tp.topic).map(|t| t.id) else { continue };
+                // Only once a newer generation's claim applied on a replica
+                // of that incarnation (a deposed leader's claim is then
+                // stale): before that, the old claim is the partition's own.
+                let newer = nodes.iter().find_map(|other| {
+                    let Some(GroupId::Partition(_, id)) = other.partition_group(&tp) else { return None };
+                    let state = other.partition(&tp).filter(|_| id == topic_id)?;
+                    let claim = state.groups().get(&group).and_then(|g| g.claim.clone())?;
+                    (claim.generation > info.generation).then(|| (other.id(), claim))
+                });
+                let Some((holder, claim)) = newer else { continue };
+                // The checker learns of it now, not at the next sample.
+                world.record(
+                    &format!("broker-{holder}"),
+                    EventKind::ClaimSample {
+                        broker: holder,
+                        topic: topic_key(&topic.name, topic_id),
+                        partition,
+                        group: MAIN_GROUP.into(),
+                        member: claim.member.to_string(),
+                        generation: claim.generation.0,
+                    },
+                );
+                let Some(joined) = info.members.get(owner) else { continue };
                 let Some(client) = at_broker.get(&node.id()) else { return };
                 let request = pb::PollRequest {
                     group: MAIN_GROUP.into(),

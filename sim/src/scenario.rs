@@ -69,10 +69,11 @@ pub enum FaultKind {
     /// Producers reach only some brokers and consumers only the others:
     /// clients split from each other, each side from part of the cluster.
     ClientSplit,
-    /// A minority of brokers is cut off from the other brokers while every
-    /// client still reaches every broker: a leader on the small side,
-    /// deposed without knowing it, goes on answering clients from a state
-    /// that stops moving (what a read index is for).
+    /// A partition's leader (or, if none is found, a minority of brokers)
+    /// is cut off from the other brokers while every client still reaches
+    /// every broker: the leader, deposed without knowing it, goes on
+    /// answering clients from a state that stops moving (what a read index
+    /// is for).
     PartitionBrokers,
 }
 

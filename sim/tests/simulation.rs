@@ -114,7 +114,9 @@ fn g5_catches_a_poll_without_the_fence() {
     // metadata still holds) show it: 6 of seeds 0-39, seed 6 first, 3 of
     // them by the zombie (2026-12-05); 24 of seeds 0-39, seed 0 first, once
     // G5 also took the claims replicas applied for claims made (the same
-    // day, twenty-ninth session).
+    // day, twenty-ninth session): without the member check, the hostile
+    // lane's forged polls in a generation not reached yet apply a claim,
+    // and the group's own polls are fenced by it.
     caught_within(Plant::Bug(Bug::PollWithoutFence), 10);
 }
 
@@ -125,7 +127,7 @@ fn g5_catches_a_poll_without_the_read_index() {
     // it, serves the hostile lane's zombie: a poll from the log's start as
     // the member its stale state says holds the partition, after the lane
     // moved the group on and a newer generation's claim applied at the new
-    // leader. Seeds 0, 1, 6 and 17 of 0-39 (2026-12-05); before the
+    // leader. Seeds 1, 6, 17 and 39 of 0-39 (2026-12-05); before the
     // brokers-only split, 0 of 1,100 seeds.
     caught_within(Plant::Bug(Bug::PollWithoutReadIndex), 20);
 }
