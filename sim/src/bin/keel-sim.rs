@@ -68,8 +68,10 @@ mod cli {
         /// refuse-produces-after-failover, forget-keeps-positions,
         /// write-errors-ignored, acl-ignored, quiet-forever,
         /// range-drops-last-partition, reset-answered-not-applied,
-        /// read-skips-first-record, empty-batch-applied,
-        /// state-across-runs (caught only with --check-determinism).
+        /// read-skips-first-record, empty-batch-applied, poll-without-fence,
+        /// commit-at-high-watermark, duplicate-answers-newest,
+        /// poll-without-read-index, state-across-runs (caught only with
+        /// --check-determinism).
         #[arg(long)]
         plant: Option<String>,
     }
