@@ -2618,25 +2618,11 @@ fn lane_hostile(
 async fn move_the_group_on(world: &World, client: &Client) -> bool {
     let group = keel_core::GroupName::new(MAIN_GROUP).expect("a group name");
     let small = world.brokers_split_small.lock().expect("split").clone();
-    let mut owner = None;
-    'nodes: for node in world.live_nodes().iter().filter(|node| small.contains(&node.id())) {
+    let owner = world.live_nodes().iter().filter(|node| small.contains(&node.id())).find_map(|node| {
         let metadata = node.metadata();
-        let Some(info) = metadata.group(&group) else { continue };
-        for topic in &world.scenario.topics {
-            for partition in 0..topic.partitions {
-                let Ok(name) = TopicName::new(&topic.name) else { continue };
-                let tp = TopicPartition::new(name, PartitionIndex(partition));
-                let leads = node
-                    .partition_group(&tp)
-                    .and_then(|g| node.raft(&g))
-                    .is_some_and(|raft| raft.metrics().borrow().current_leader == Some(node.id()));
-                if let Some(member) = info.assignment.owner(&tp).filter(|_| leads) {
-                    owner = Some(member.to_string());
-                    break 'nodes;
-                }
-            }
-        }
-    }
+        let info = metadata.group(&group)?;
+        led_and_owned(world, node, info).into_iter().next().map(|(_, _, owner)| owner.to_string())
+    });
     let Some(owner) = owner else { return false };
     let topics: Vec<String> = world.scenario.topics.iter().map(|t| t.name.clone()).collect();
     let session = world.scenario.session_timeout_ms;
@@ -2645,6 +2631,31 @@ async fn move_the_group_on(world: &World, client: &Client) -> bool {
     // answer was lost leaves it to the session too).
     let _ = second.leave().await;
     true
+}
+
+/// The partitions of the run's topics that `node` leads in its own view,
+/// each with the member its metadata (`info`, of the main group) says owns
+/// it.
+fn led_and_owned<'a>(
+    world: &'a World,
+    node: &Node,
+    info: &keel_core::metadata::GroupInfo,
+) -> Vec<(&'a TopicSpec, TopicPartition, keel_core::MemberId)> {
+    let mut led = Vec::new();
+    for topic in &world.scenario.topics {
+        for partition in 0..topic.partitions {
+            let Ok(name) = TopicName::new(&topic.name) else { continue };
+            let tp = TopicPartition::new(name, PartitionIndex(partition));
+            let leads = node
+                .partition_group(&tp)
+                .and_then(|g| node.raft(&g))
+                .is_some_and(|raft| raft.metrics().borrow().current_leader == Some(node.id()));
+            if let Some(owner) = info.assignment.owner(&tp).filter(|_| leads) {
+                led.push((topic, tp, owner.clone()));
+            }
+        }
+    }
+    led
 }
 
 /// A zombie's poll, where a partition leader's metadata lags the group's
@@ -2661,83 +2672,76 @@ async fn zombie_poll(world: &World, at_broker: &BTreeMap<u64, Client>) {
     for node in &nodes {
         let metadata = node.metadata();
         let Some(info) = metadata.group(&group).filter(|info| info.generation.0 < newest) else { continue };
-        for topic in &world.scenario.topics {
-            for partition in 0..topic.partitions {
-                let Ok(name) = TopicName::new(&topic.name) else { continue };
-                let tp = TopicPartition::new(name, PartitionIndex(partition));
-                let leads = node
-                    .partition_group(&tp)
-                    .and_then(|g| node.raft(&g))
-                    .is_some_and(|raft| raft.metrics().borrow().current_leader == Some(node.id()));
-                let Some(owner) = info.assignment.owner(&tp).filter(|_| leads) else { continue };
-                // The incarnation of the topic that leader knows (its
-                // metadata may be from before the topic was created again):
-                // G5 judges the poll against that incarnation's claims.
-                let Some(topic_id) = metadata.topic(&tp.topic).map(|t| t.id) else { continue };
-                // Only once a newer generation's claim applied on a replica
-                // of that incarnation (a deposed leader's claim is then
-                // stale): before that, the old claim is the partition's own.
-                let newer = nodes.iter().find_map(|other| {
-                    let Some(GroupId::Partition(_, id)) = other.partition_group(&tp) else { return None };
-                    let state = other.partition(&tp).filter(|_| id == topic_id)?;
-                    let claim = state.groups().get(&group).and_then(|g| g.claim.clone())?;
-                    (claim.generation > info.generation).then(|| (other.id(), claim))
-                });
-                let Some((holder, claim)) = newer else { continue };
-                // The checker learns of it now, not at the next sample.
+        for (topic, tp, owner) in led_and_owned(world, node, info) {
+            let owner = &owner;
+            let partition = tp.partition.0;
+            // The incarnation of the topic that leader knows (its
+            // metadata may be from before the topic was created again):
+            // G5 judges the poll against that incarnation's claims.
+            let Some(topic_id) = metadata.topic(&tp.topic).map(|t| t.id) else { continue };
+            // Only once a newer generation's claim applied on a replica
+            // of that incarnation (a deposed leader's claim is then
+            // stale): before that, the old claim is the partition's own.
+            let newer = nodes.iter().find_map(|other| {
+                let Some(GroupId::Partition(_, id)) = other.partition_group(&tp) else { return None };
+                let state = other.partition(&tp).filter(|_| id == topic_id)?;
+                let claim = state.groups().get(&group).and_then(|g| g.claim.clone())?;
+                (claim.generation > info.generation).then(|| (other.id(), claim))
+            });
+            let Some((holder, claim)) = newer else { continue };
+            // The checker learns of it now, not at the next sample.
+            world.record(
+                &format!("broker-{holder}"),
+                EventKind::ClaimSample {
+                    broker: holder,
+                    topic: topic_key(&topic.name, topic_id),
+                    partition,
+                    group: MAIN_GROUP.into(),
+                    member: claim.member.to_string(),
+                    generation: claim.generation.0,
+                },
+            );
+            let Some(joined) = info.members.get(owner) else { continue };
+            let Some(client) = at_broker.get(&node.id()) else { return };
+            let request = pb::PollRequest {
+                group: MAIN_GROUP.into(),
+                member: owner.to_string(),
+                generation: info.generation.0,
+                topic: topic.name.clone(),
+                partition,
+                max_records: 10,
+                max_bytes: 1 << 20,
+                max_wait_ms: 0,
+                // From the log's start: records to serve even if the member had
+                // read all its partition held when it was cut off.
+                offset: Some(0),
+                member_epoch: joined.member_epoch,
+                topic_id: Some(topic_id),
+            };
+            let invoked_at_ms = world.now_ms();
+            let route = keel_client::Route::Partition(topic.name.clone(), partition);
+            let answer = client
+                .call(route, |mut c| {
+                    let r = request.clone();
+                    async move { c.poll(r).await }
+                })
+                .await;
+            if let Some(reply) = answer.ok().filter(|reply| !reply.records.is_empty()) {
                 world.record(
-                    &format!("broker-{holder}"),
-                    EventKind::ClaimSample {
-                        broker: holder,
+                    "hostile",
+                    EventKind::ZombiePoll {
+                        group: MAIN_GROUP.into(),
+                        member: owner.to_string(),
+                        generation: info.generation.0,
                         topic: topic_key(&topic.name, topic_id),
                         partition,
-                        group: MAIN_GROUP.into(),
-                        member: claim.member.to_string(),
-                        generation: claim.generation.0,
+                        invoked_at_ms,
+                        records: reply.records.len(),
                     },
                 );
-                let Some(joined) = info.members.get(owner) else { continue };
-                let Some(client) = at_broker.get(&node.id()) else { return };
-                let request = pb::PollRequest {
-                    group: MAIN_GROUP.into(),
-                    member: owner.to_string(),
-                    generation: info.generation.0,
-                    topic: topic.name.clone(),
-                    partition,
-                    max_records: 10,
-                    max_bytes: 1 << 20,
-                    max_wait_ms: 0,
-                    // From the log's start: records to serve even if the member had
-                    // read all its partition held when it was cut off.
-                    offset: Some(0),
-                    member_epoch: joined.member_epoch,
-                    topic_id: Some(topic_id),
-                };
-                let invoked_at_ms = world.now_ms();
-                let route = keel_client::Route::Partition(topic.name.clone(), partition);
-                let answer = client
-                    .call(route, |mut c| {
-                        let r = request.clone();
-                        async move { c.poll(r).await }
-                    })
-                    .await;
-                if let Some(reply) = answer.ok().filter(|reply| !reply.records.is_empty()) {
-                    world.record(
-                        "hostile",
-                        EventKind::ZombiePoll {
-                            group: MAIN_GROUP.into(),
-                            member: owner.to_string(),
-                            generation: info.generation.0,
-                            topic: topic_key(&topic.name, topic_id),
-                            partition,
-                            invoked_at_ms,
-                            records: reply.records.len(),
-                        },
-                    );
-                }
-                // One a round: the lane goes on.
-                return;
             }
+            // One a round: the lane goes on.
+            return;
         }
     }
 }
