@@ -7,8 +7,9 @@
 //! code runs on tokio and, built with `--cfg madsim`, in the simulation.
 //!
 //! openraft is 0.9.25 as `shared/design/STACK.md` pins it, but vendored
-//! with one change (`vendor/README.md`): it draws nothing from tokio's
-//! thread RNG, so a seed replays exactly inside a batch of runs.
+//! with the changes `vendor/README.md` lists: among them, it draws nothing
+//! from tokio's thread RNG (a seed replays exactly inside a batch of runs),
+//! and a leader replicates its entries while its own log flushes.
 
 pub mod api;
 pub mod clock;

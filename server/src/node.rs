@@ -668,7 +668,7 @@ impl Node {
     }
 
     async fn start_group(&self, group: GroupId, state_machine: GroupStateMachine) -> Result<Raft, StartError> {
-        let log = LogStore::new(self.inner.store.clone(), group.key());
+        let log = LogStore::of_node(self.inner.store.clone(), group.key(), self.id());
         let network = GroupNetwork::new(&group, self.inner.peers.clone());
         let config = match group {
             GroupId::Metadata => self.inner.raft_config.clone(),

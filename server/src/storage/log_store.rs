@@ -36,6 +36,9 @@ pub struct LogStore {
     group: String,
     /// Shared with every reader of this log.
     queued: Queued,
+    /// This broker's id, if known: a committed vote of its own is read
+    /// back uncommitted (see [`RaftLogStorage::read_vote`] below).
+    node: Option<crate::raft::types::NodeId>,
 }
 
 pub(crate) fn io_error(subject: ErrorSubject<u64>, verb: ErrorVerb, error: StoreError) -> StorageError {
@@ -63,7 +66,13 @@ fn index_bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
 
 impl LogStore {
     pub fn new(store: Arc<NodeStore>, group: String) -> Self {
-        LogStore { store, group, queued: Queued::default() }
+        LogStore { store, group, queued: Queued::default(), node: None }
+    }
+
+    /// The log of a group on broker `node`: when it restarts, it never
+    /// resumes leading in the term it led before (see `read_vote`).
+    pub fn of_node(store: Arc<NodeStore>, group: String, node: crate::raft::types::NodeId) -> Self {
+        LogStore { node: Some(node), ..Self::new(store, group) }
     }
 
     fn read_meta<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StoreError> {
@@ -191,12 +200,34 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        // A vote must be durable before it is acted on.
+        // A vote must be durable before it is acted on. It is also a
+        // durable commit on the writer that queued every earlier append, so
+        // it makes them durable too: the vendored openraft relies on that
+        // when a leader that replicated entries before flushing them steps
+        // down (vendor/README.md).
         self.write_meta(true, "vote", vote).await.map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
 
+    /// A committed vote of this broker's own comes back uncommitted, so a
+    /// restarted leader stands for election in a new term instead of
+    /// resuming the old one (openraft 0.9 resumes a leader whose committed
+    /// vote is its own at start-up). The vendored openraft lets a leader
+    /// replicate entries before its own flush (vendor/README.md): its
+    /// followers may hold, and have committed, entries of that term that
+    /// the leader lost in a crash. Resuming the term, it would reuse those
+    /// log ids for other entries, and followers that already hold the ids
+    /// would take them as matching (two entries under one log id). In a
+    /// new term it must win an election first, and voters whose logs hold
+    /// the committed entries refuse a candidate whose log lacks them.
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        self.read_meta("vote").map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Read, e))
+        let vote: Option<Vote> =
+            self.read_meta("vote").map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Read, e))?;
+        Ok(vote.map(|vote| match self.node {
+            Some(node) if vote.is_committed() && vote.leader_id().voted_for() == Some(node) => {
+                Vote::new(vote.leader_id().term, node)
+            }
+            _ => vote,
+        }))
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
@@ -271,6 +302,27 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_restarted_leader_reads_its_own_committed_vote_back_uncommitted() {
+        let store = NodeStore::open_with_backend(redb::backends::InMemoryBackend::new()).expect("store");
+        let mut log = LogStore::of_node(store.clone(), "metadata".to_string(), 1);
+        // It led term 7: on restart it only voted for itself in term 7.
+        log.save_vote(&Vote::new_committed(7, 1)).await.expect("save");
+        let read = log.read_vote().await.expect("read").expect("a vote");
+        assert_eq!(read, Vote::new(7, 1));
+        assert!(!read.is_committed());
+        // Another broker's leadership is remembered as it was.
+        log.save_vote(&Vote::new_committed(8, 2)).await.expect("save");
+        assert_eq!(log.read_vote().await.expect("read"), Some(Vote::new_committed(8, 2)));
+        // So is an uncommitted vote for itself.
+        log.save_vote(&Vote::new(9, 1)).await.expect("save");
+        assert_eq!(log.read_vote().await.expect("read"), Some(Vote::new(9, 1)));
+        // A log that does not know its broker (tests, tools) reads votes as stored.
+        let mut anonymous = LogStore::new(store, "metadata".to_string());
+        anonymous.save_vote(&Vote::new_committed(10, 1)).await.expect("save");
+        assert_eq!(anonymous.read_vote().await.expect("read"), Some(Vote::new_committed(10, 1)));
+    }
 
     #[test]
     fn index_bounds_cover_every_range_form() {

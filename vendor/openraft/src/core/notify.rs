@@ -1,6 +1,7 @@
 use crate::core::sm;
 use crate::raft::VoteResponse;
 use crate::replication;
+use crate::LogId;
 use crate::MessageSummary;
 use crate::RaftTypeConfig;
 use crate::Vote;
@@ -41,6 +42,14 @@ where C: RaftTypeConfig
 
     /// Result of executing a command sent from state machine worker.
     StateMachine { command_result: sm::CommandResult<C> },
+
+    /// keel: the leader's own log is flushed up to `last_log_id` (or the
+    /// flush failed), for entries appended by the leader of `vote`.
+    LocalLogFlushed {
+        vote: Vote<C::NodeId>,
+        last_log_id: LogId<C::NodeId>,
+        result: Result<(), String>,
+    },
 
     /// A tick event to wake up RaftCore to check timeout etc.
     Tick {
@@ -84,6 +93,13 @@ where C: RaftTypeConfig
             }
             Self::StateMachine { command_result } => {
                 format!("StateMachine command done: {:?}", command_result)
+            }
+            Self::LocalLogFlushed {
+                vote,
+                last_log_id,
+                result,
+            } => {
+                format!("LocalLogFlushed: vote: {}, upto: {}, ok: {}", vote, last_log_id, result.is_ok())
             }
             Self::Tick { i } => {
                 format!("Tick {}", i)

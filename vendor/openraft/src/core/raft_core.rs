@@ -730,6 +730,60 @@ where
         Ok(())
     }
 
+    /// keel: whether this node leads with a committed vote of the same
+    /// leader as `vote`.
+    fn leads_with(&self, vote: &Vote<C::NodeId>) -> bool {
+        self.engine.leader.as_ref().is_some_and(|l| l.vote.is_committed() && l.vote.leader_id() == vote.leader_id())
+    }
+
+    /// keel: append a leader's own entries without waiting for their flush.
+    ///
+    /// Upstream 0.9.25 awaits the flush callback here, so the core handles
+    /// no other command while the leader's log is flushed: replication to
+    /// the followers starts only after the leader's fsync, and the next
+    /// client write waits for it (one entry per group in the write path).
+    /// Here the entries are handed to the log store, replication starts at
+    /// once, and a task waits for the callback and reports it to the core
+    /// as [`Notify::LocalLogFlushed`]. Only then does the leader count
+    /// itself among the replicas holding the entries, so an entry still
+    /// commits only when a quorum has it durably (as in the Raft thesis,
+    /// section 10.2.1). The log store must report flushes in log order.
+    ///
+    /// Followers keep the blocking [`Self::append_to_log`]: they answer an
+    /// AppendEntries only after its entries are flushed.
+    pub(crate) async fn append_to_log_without_waiting<I>(
+        &mut self,
+        entries: I,
+        vote: Vote<C::NodeId>,
+        last_log_id: LogId<C::NodeId>,
+    ) -> Result<(), StorageError<C::NodeId>>
+    where
+        I: IntoIterator<Item = C::Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let (tx, rx) = C::AsyncRuntime::oneshot();
+        let log_io_id = LogIOId::new(vote.clone(), Some(last_log_id.clone()));
+        let callback = LogFlushed::new(log_io_id, tx);
+        self.log_store.append(entries, callback).await?;
+
+        let tx_notify = self.tx_notify.clone();
+        // False positive lint warning(`non-binding `let` on a future`): https://github.com/rust-lang/rust-clippy/issues/9932
+        #[allow(clippy::let_underscore_future)]
+        let _ = C::spawn(async move {
+            let result = match rx.await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = tx_notify.send(Notify::LocalLogFlushed {
+                vote,
+                last_log_id,
+                result,
+            });
+        });
+        Ok(())
+    }
+
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) async fn apply_to_state_machine(
         &mut self,
@@ -1278,6 +1332,25 @@ where
                 }
             }
 
+            Notify::LocalLogFlushed {
+                vote,
+                last_log_id,
+                result,
+            } => {
+                if let Err(e) = result {
+                    tracing::error!(error = display(&e), "the leader's log flush failed");
+                    let error = StorageIOError::write_logs(AnyError::error(e));
+                    return Err(Fatal::from(StorageError::from(error)));
+                }
+                // A flush reported after this node stopped leading with that
+                // vote says nothing about the current log's progress.
+                if self.leads_with(&vote) {
+                    if let Ok(mut lh) = self.engine.leader_handler() {
+                        lh.replication_handler().update_local_progress(Some(last_log_id));
+                    }
+                }
+            }
+
             Notify::Tick { i } => {
                 // check every timer
 
@@ -1652,6 +1725,13 @@ where
             Command::AppendInputEntries { vote, entries } => {
                 let last_log_id = entries.last().unwrap().get_log_id().clone();
                 tracing::debug!("AppendInputEntries: {}", DisplaySlice::<_>(&entries),);
+
+                // keel: a leader appending its own entries does not wait for
+                // their flush (see `append_to_log_without_waiting`).
+                if self.leads_with(&vote) {
+                    self.append_to_log_without_waiting(entries, vote, last_log_id).await?;
+                    return Ok(None);
+                }
 
                 self.append_to_log(entries, vote, last_log_id.clone()).await?;
 
