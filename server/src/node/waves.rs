@@ -31,12 +31,14 @@
 //! group's timers, and for a new group initialises it. A group gives its
 //! turn back once it is quiet here, and after [`WAVE_HOLD`] at the latest.
 //!
-//! Knowing a leader is not enough to run the timers: after a restart
-//! openraft names the leader of the vote restored from disk, and that
-//! leader, waiting on its own broker, is not heartbeating. Followers whose
-//! election timers ran would elect, in every group at once. A restored
-//! leader does send each follower its log again at start-up, so an idle
-//! group usually goes quiet before its turn comes, without a heartbeat.
+//! Knowing a leader is not enough to run the timers: after a restart a
+//! follower names the leader of the vote restored from disk, and that
+//! leader, restarted too, no longer leads (a restarted leader stands for
+//! election in a new term: vendor/README.md). Followers whose election
+//! timers ran would elect, in every group at once; instead the old leader,
+//! which knows no leader, stands in a turn of its own, and its followers
+//! take a turn only if it cannot win (its log lost entries they hold: then
+//! after [`FOLLOWER_PATIENCE`]).
 //!
 //! A new group is initialised by its preferred leader alone, so that its
 //! replicas do not all stand for election in the same instant (each would

@@ -5,9 +5,9 @@
 //! report an entry persisted that a power cut can take away); the metrics
 //! endpoint shows the snapshot counts.
 //!
-//! The writer updates the marks in the order of its jobs, after the durable
-//! commit that made a report true: a report raises a group's mark, a
-//! truncation lowers it (the entries past it are gone, by design).
+//! The writer updates the marks in the order of its jobs, after the sync of
+//! the segment log that made a report true: a report raises a group's mark,
+//! a truncation lowers it (the entries past it are gone, by design).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

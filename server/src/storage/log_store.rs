@@ -7,7 +7,8 @@
 //! and replicates these, while the writer is still busy (typically inside
 //! the fsync of earlier ones), and the writer gathers the appends that
 //! queue up meanwhile into one transaction and one fsync. Entries are
-//! reported persisted only after a durable commit includes them.
+//! reported persisted only once the segment log's sync covers their
+//! frames (a restart replays them), which may be before their rows commit.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

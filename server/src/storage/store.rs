@@ -4,9 +4,9 @@
 //! Raft log entries (and so partition records) are frames of the segment
 //! log; redb holds votes, state rows and, per entry, a `LOG` row saying
 //! where its frame is. A batch of the writer appends its frames, writes
-//! them out, commits its redb transaction without fsync, and when entries
-//! wait to be reported persisted syncs the segment log only (one
-//! `fdatasync`). Every so often ([`CHECKPOINT_BYTES`],
+//! them out (when entries wait to be reported persisted, syncs the segment
+//! log only, one `fdatasync`, and reports them), then commits its redb
+//! transaction without fsync. Every so often ([`CHECKPOINT_BYTES`],
 //! [`CHECKPOINT_BATCHES`]), and whenever a write asks for durability (a
 //! vote), the transaction is committed durably with the log's position:
 //! the checkpoint. After a crash redb is back at its last checkpoint and
@@ -177,7 +177,7 @@ enum Job {
     /// rows; answered once committed.
     Truncate { group: String, from: u64, done: oneshot::Sender<Result<(), StoreError>> },
     /// Tell openraft these log entries (up to `last`, of `group`) are
-    /// persisted after the next durable commit.
+    /// persisted once the segment log's next sync covers their frames.
     Persisted { callback: LogFlushed<TypeConfig>, group: String, last: LogId },
     /// Change a persisted mark once the batch is through (in job order).
     Mark(MarkChange),
@@ -539,7 +539,7 @@ impl NodeStore {
     }
 
     /// Report `callback` (log entries already queued) persisted after the
-    /// writer's next durable commit.
+    /// writer's next sync of the segment log.
     fn persisted_later(&self, callback: LogFlushed<TypeConfig>, group: String, last: LogId) {
         if let Err(mpsc::error::SendError(Job::Persisted { callback, .. })) =
             self.jobs.send(Job::Persisted { callback, group, last })
@@ -669,9 +669,10 @@ impl Writer {
     ///
     /// The batch's frames are appended in job order and written out, its
     /// writes go in one transaction, and its callers are answered once it
-    /// committed (log entries are then readable). If entries wait to be
-    /// reported persisted, the segment log is synced (one fsync covers
-    /// every group). The transaction is committed durably, as a
+    /// committed (log entries are then readable through the database;
+    /// until then from memory). If entries wait to be reported persisted,
+    /// the segment log is synced (one fsync covers every group) and they
+    /// are reported before the transaction runs. The transaction is committed durably, as a
     /// checkpoint, if a write asks for it or one is due; the segment log
     /// is synced first, so a durable row never points at a lost frame.
     /// Meanwhile new jobs queue up for the next batch, so a slow fsync
@@ -754,6 +755,30 @@ impl Writer {
         if logged.is_err() {
             self.poisoned.store(true, Ordering::SeqCst);
         }
+        // After a failed batch nothing is reported persisted, not even
+        // what syncs now: a failed batch's entries are lost, and a later
+        // report would count a log with a hole in it.
+        let logged = match self.poisoned.load(Ordering::SeqCst) {
+            true => logged.and(Err(StoreError::Poisoned)),
+            false => logged,
+        };
+        // Entries are durable once synced (a restart replays their frames):
+        // they are reported now, before the rows commit, so that a follower
+        // answers its leader without waiting for the transaction. Until
+        // the rows commit, readers find the entries queued in memory
+        // (`log_store`). Reports raise marks only once true; a failed
+        // batch still lowers them (in job order: a report, then a
+        // truncation behind it, leaves the mark lowered).
+        let reported = logged.is_ok();
+        for change in marks {
+            if reported || !matches!(change, MarkChange::Reported(..)) {
+                self.ledger.apply(change);
+            }
+        }
+        for callback in persisted {
+            let outcome = logged.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
+            callback.log_io_completed(outcome);
+        }
         let position = self.log.position();
         let mut completions = Vec::new();
         let written = logged.and_then(|()| {
@@ -794,17 +819,6 @@ impl Writer {
         }
         for complete in after_commit {
             complete(&written);
-        }
-        // Reports raise marks only once they are true (synced, and their
-        // rows committed); a failed batch still lowers them.
-        let reported = written.is_ok();
-        for change in marks {
-            if reported || !matches!(change, MarkChange::Reported(..)) {
-                self.ledger.apply(change);
-            }
-        }
-        for callback in persisted {
-            callback.log_io_completed(outcome(&written).map_err(|e| std::io::Error::other(e.to_string())));
         }
         if !open {
             self.db = None;

@@ -104,9 +104,10 @@ where
             // index below them served state that lacked them (sim seed
             // 300001775: a group position reset "to latest" from a high
             // watermark two records old, which then moved the position
-            // back past a committed ack). Everything this leader proposed
-            // is in its log (it flushes before it replicates), so waiting
-            // until that is applied covers every committed entry.
+            // back past a committed ack). keel no longer lets a leader
+            // resume its term at start-up (its vote is read back
+            // uncommitted, as it replicates before its own flush), so this
+            // only guards a leader restored some other way.
             last_leader_log_id.last().cloned()
         } else {
             // Set to a log id that will be proposed.
