@@ -179,7 +179,8 @@ enum Job {
     /// Tell openraft these log entries (up to `last`, of `group`) are
     /// persisted once the segment log's next sync covers their frames.
     Persisted { callback: LogFlushed<TypeConfig>, group: String, last: LogId },
-    /// Change a persisted mark once the batch is through (in job order).
+    /// Change a persisted mark once the batch's sync is through (in job
+    /// order, with the reports).
     Mark(MarkChange),
     /// Release the database and stop.
     Close,
@@ -672,9 +673,10 @@ impl Writer {
     /// committed (log entries are then readable through the database;
     /// until then from memory). If entries wait to be reported persisted,
     /// the segment log is synced (one fsync covers every group) and they
-    /// are reported before the transaction runs. The transaction is committed durably, as a
-    /// checkpoint, if a write asks for it or one is due; the segment log
-    /// is synced first, so a durable row never points at a lost frame.
+    /// are reported before the transaction runs. The transaction is
+    /// committed durably, as a checkpoint, if a write asks for it or one
+    /// is due; the segment log is synced first, so a durable row never
+    /// points at a lost frame.
     /// Meanwhile new jobs queue up for the next batch, so a slow fsync
     /// gathers more appends into the next one.
     fn run(&mut self, jobs: Vec<Job>) -> bool {
