@@ -1196,6 +1196,50 @@ mod tests {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
     }
 
+    /// Entries are reported persisted after the sync, before their rows
+    /// commit; but once a batch has failed (the store is poisoned) nothing
+    /// more is reported, even what a later batch syncs: the failed batch's
+    /// entries are lost, and a report past them would count a log with a
+    /// hole in it.
+    #[test]
+    fn nothing_is_reported_persisted_once_the_store_is_poisoned() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        runtime.block_on(async {
+            let disk = NodeDisk::new();
+            let store = NodeStore::open_on_disk(&disk, 1 << 20).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            log.blocking_append([entry(1)]).await.unwrap();
+            // Hold the writer inside a batch while an append queues up
+            // behind it, then poison the store and let the writer go on.
+            let (started, running) = std::sync::mpsc::channel();
+            let (release, held) = std::sync::mpsc::channel::<()>();
+            let holding = {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .write(false, move |_txn| {
+                            started.send(()).unwrap();
+                            held.recv().unwrap();
+                            Ok(())
+                        })
+                        .await
+                })
+            };
+            tokio::task::spawn_blocking(move || running.recv().unwrap()).await.unwrap();
+            // Polled once, the append is queued (and waits for its report).
+            let mut appended = std::pin::pin!(log.blocking_append([entry(2)]));
+            let first =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(appended.as_mut(), cx)))
+                    .await;
+            assert!(first.is_pending(), "the append was answered while the writer was held");
+            store.poisoned.store(true, Ordering::SeqCst);
+            release.send(()).unwrap();
+            holding.await.unwrap().unwrap();
+            let reported = appended.await;
+            assert!(reported.is_err(), "an append after a failure was reported persisted: {reported:?}");
+        });
+    }
+
     #[test]
     fn purged_entries_free_their_segments_after_checkpoints() {
         runtime().block_on(async {
