@@ -11,6 +11,8 @@ use crate::core::sm::CommandSeq;
 use crate::core::sm::Response;
 use crate::core::ApplyResult;
 use crate::core::ApplyingEntry;
+use crate::raft::ClientWriteResponse;
+use crate::raft::responder::Responder;
 use crate::display_ext::DisplayOptionExt;
 use crate::entry::RaftPayload;
 use crate::storage::RaftStateMachine;
@@ -117,8 +119,26 @@ where
                     let _ = tx.send(Ok(snapshot_data));
                     // No response to RaftCore
                 }
-                CommandPayload::Apply { entries } => {
-                    let resp = self.apply(entries).await?;
+                CommandPayload::Apply { entries, mut responders } => {
+                    let mut resp = self.apply(entries).await?;
+                    // keel: answer the clients here; the core gets only what
+                    // no one waits for (nothing, as it hands over every
+                    // responder of the entries).
+                    let applied = std::mem::take(&mut resp.applying_entries).into_iter();
+                    let results = std::mem::take(&mut resp.apply_results).into_iter();
+                    for (entry, result) in applied.zip(results) {
+                        match responders.remove(&entry.log_id.index) {
+                            Some(tx) => tx.send(Ok(ClientWriteResponse {
+                                log_id: entry.log_id,
+                                data: result,
+                                membership: entry.membership,
+                            })),
+                            None => {
+                                resp.applying_entries.push(entry);
+                                resp.apply_results.push(result);
+                            }
+                        }
+                    }
                     let res = CommandResult::new(cmd.seq, Ok(Response::Apply(resp)));
                     let _ = self.resp_tx.send(Notify::sm(res));
                 }
