@@ -17,7 +17,7 @@ use keel_core::record::Record;
 use keel_core::{Offset, PartitionIndex, ProducerId, Sequence, TopicName, TopicPartition};
 use keel_server::clock::Clock;
 use keel_server::group::GroupId;
-use keel_server::node::{Node, NodeConfig, ProposeError};
+use keel_server::node::{MembershipError, Node, NodeConfig, ProposeError};
 use keel_server::raft::network::JoinRefusal;
 use keel_server::raft::types::{Command, Response};
 use keel_server::storage::crash_disk::NodeDisk;
@@ -358,41 +358,52 @@ fn a_removed_broker_whose_learner_entry_was_lost_stays_out() {
     assert!(refused, "broker 4 was not refused as removed: {joined:?}");
 }
 
+/// A broker's node, set once its host has started it.
+type NodeSlot = Arc<Mutex<Option<Node>>>;
+
+/// Brokers 1-3 voting in the metadata group and broker 4 started as
+/// `keel serve --join` starts it (no voters of its own), each on its host:
+/// their nodes and hosts.
+fn four_brokers_one_joining(handle: &Handle) -> (Vec<NodeSlot>, Vec<madsim::task::NodeId>) {
+    let internal = |id: u64| keel_server::node::default_internal_address(&address(id).to_string()).unwrap();
+    let voters: BTreeMap<u64, String> = (1..=3).map(|id| (id, internal(id))).collect();
+    let mut nodes: Vec<NodeSlot> = Vec::new();
+    let mut hosts = Vec::new();
+    for id in 1..=4u64 {
+        let slot: NodeSlot = Arc::new(Mutex::new(None));
+        let (published, voters) = (slot.clone(), voters.clone());
+        let host = handle
+            .create_node()
+            .name(format!("broker-{id}"))
+            .ip(address(id).ip())
+            .init(move || {
+                let (slot, voters) = (published.clone(), voters.clone());
+                async move {
+                    let store = NodeStore::open_on_disk(&NodeDisk::new(), 256 * 1024).expect("store opens");
+                    // Broker 4 starts as `keel serve --join` does: no voters of its own.
+                    let mut config = if id == 4 {
+                        NodeConfig::new(id, address(id), address(id).to_string(), BTreeMap::new())
+                    } else {
+                        NodeConfig::new(id, address(id), address(id).to_string(), voters.clone())
+                    };
+                    config.cluster_id = keel_server::node::cluster_id_of(&voters);
+                    *slot.lock().unwrap() = Some(Node::start(config, store, Clock::system()).await.expect("starts"));
+                    std::future::pending::<()>().await;
+                }
+            })
+            .build();
+        nodes.push(slot);
+        hosts.push(host.id());
+    }
+    (nodes, hosts)
+}
+
 fn learner_entry_lost(removed_first: bool) -> Result<(), JoinRefusal> {
     let runtime = Runtime::with_seed_and_config(11, madsim::Config::default());
     runtime.block_on(async {
         let handle = Handle::current();
         let internal = |id: u64| keel_server::node::default_internal_address(&address(id).to_string()).unwrap();
-        let voters: BTreeMap<u64, String> = (1..=3).map(|id| (id, internal(id))).collect();
-        let mut nodes: Vec<Arc<Mutex<Option<Node>>>> = Vec::new();
-        let mut hosts = Vec::new();
-        for id in 1..=4u64 {
-            let slot: Arc<Mutex<Option<Node>>> = Arc::new(Mutex::new(None));
-            let (published, voters) = (slot.clone(), voters.clone());
-            let host = handle
-                .create_node()
-                .name(format!("broker-{id}"))
-                .ip(address(id).ip())
-                .init(move || {
-                    let (slot, voters) = (published.clone(), voters.clone());
-                    async move {
-                        let store = NodeStore::open_on_disk(&NodeDisk::new(), 256 * 1024).expect("store opens");
-                        // Broker 4 starts as `keel serve --join` does: no voters of its own.
-                        let mut config = if id == 4 {
-                            NodeConfig::new(id, address(id), address(id).to_string(), BTreeMap::new())
-                        } else {
-                            NodeConfig::new(id, address(id), address(id).to_string(), voters.clone())
-                        };
-                        config.cluster_id = keel_server::node::cluster_id_of(&voters);
-                        *slot.lock().unwrap() =
-                            Some(Node::start(config, store, Clock::system()).await.expect("starts"));
-                        std::future::pending::<()>().await;
-                    }
-                })
-                .build();
-            nodes.push(slot);
-            hosts.push(host.id());
-        }
+        let (nodes, hosts) = four_brokers_one_joining(&handle);
         let node = |id: u64| nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started");
         madsim::time::sleep(Duration::from_secs(2)).await;
         let leader = loop {
@@ -461,6 +472,76 @@ fn learner_entry_lost(removed_first: bool) -> Result<(), JoinRefusal> {
             assert!(members.membership().voter_ids().any(|voter| voter == 4), "broker 4 votes: {members:?}");
         }
         joined
+    })
+}
+
+/// A broker whose join got far enough to register it and add it as a
+/// learner, and whose answer was lost, retries; meanwhile the operator
+/// removed it. The retry must not add it back: it says it was a member
+/// (asked anew at each attempt), and the leader refuses it as removed.
+/// Sim seed 9100049 (all faults, on 8ec06d0): the retry, 3 ms after the
+/// removal, still said "new broker", registered broker 4 again, and a topic
+/// created later placed replicas on it after it had shut down for good.
+#[test]
+fn a_join_retried_after_its_broker_was_removed_is_refused() {
+    let runtime = Runtime::with_seed_and_config(12, madsim::Config::default());
+    runtime.block_on(async {
+        let handle = Handle::current();
+        let internal = |id: u64| keel_server::node::default_internal_address(&address(id).to_string()).unwrap();
+        let (nodes, hosts) = four_brokers_one_joining(&handle);
+        let node = |id: u64| nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started");
+        madsim::time::sleep(Duration::from_secs(2)).await;
+        let leader = loop {
+            if let Some(leader) = node(1).raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader) {
+                break leader;
+            }
+            madsim::time::sleep(Duration::from_millis(100)).await;
+        };
+        let joiner = node(4);
+        let join = handle
+            .get_node(hosts[3])
+            .expect("broker 4's host")
+            .spawn(async move { joiner.join_cluster(internal(leader)).await });
+        // Broker 4 has applied its registration and stored its learner
+        // entry: cut it off, so that the join's answer is lost.
+        let mut added = false;
+        for _ in 0..500 {
+            let four = node(4);
+            let registered = four.metadata().brokers().contains_key(&keel_core::BrokerId(4));
+            let learner = four
+                .raft(&GroupId::Metadata)
+                .is_some_and(|r| r.metrics().borrow().membership_config.membership().get_node(&4).is_some());
+            if registered && learner {
+                added = true;
+                break;
+            }
+            madsim::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(added, "broker 4 was never registered and added as a learner");
+        let net = madsim::net::NetSim::current();
+        for other in 0..3 {
+            net.clog_link(hosts[3], hosts[other]);
+            net.clog_link(hosts[other], hosts[3]);
+        }
+        // The operator removes it while its join retries.
+        let mut removed = Err(MembershipError::LastBroker { broker: 0 });
+        for _ in 0..100 {
+            removed = node(leader).remove_broker(4).await;
+            if removed.is_ok() {
+                break;
+            }
+            madsim::time::sleep(Duration::from_millis(100)).await;
+        }
+        removed.expect("broker 4 removed");
+        for other in 0..3 {
+            net.unclog_link(hosts[3], hosts[other]);
+            net.unclog_link(hosts[other], hosts[3]);
+        }
+        let joined = join.await.unwrap();
+        let refused = matches!(&joined, Err(JoinRefusal::Refused(reason)) if reason.contains("was removed"));
+        assert!(refused, "broker 4's retried join was not refused as removed: {joined:?}");
+        let registered = node(leader).metadata().brokers().contains_key(&keel_core::BrokerId(4));
+        assert!(!registered, "broker 4 is registered again after its removal");
     })
 }
 

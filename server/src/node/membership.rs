@@ -443,15 +443,19 @@ impl Node {
     /// has caught up and votes. Harmless to repeat; refused for good once the
     /// cluster has removed this broker.
     pub async fn join_cluster(&self, internal_address: String) -> Result<(), JoinRefusal> {
-        let request = JoinRequest {
-            broker: self.id(),
-            address: self.inner.config.advertised.clone(),
-            internal_address: self.inner.config.internal_advertised.clone(),
-            rejoin: self.was_member().await,
-        };
         let mut target = internal_address.clone();
         let mut last = JoinRefusal::Retry("no attempt made".into());
         for _ in 0..JOIN_ATTEMPTS_MAX {
+            // Asked anew at each attempt: an earlier attempt whose answer
+            // was lost may have added this broker, and the operator removed
+            // it since; a retry that still said "new broker" would be added
+            // back (sim seed 9100049).
+            let request = JoinRequest {
+                broker: self.id(),
+                address: self.inner.config.advertised.clone(),
+                internal_address: self.inner.config.internal_advertised.clone(),
+                rejoin: self.was_member().await,
+            };
             match self.inner.peers.join(&target, &request, CATCH_UP_TIMEOUT + Duration::from_secs(5)).await {
                 Ok(Ok(())) => return Ok(()),
                 Ok(Err(JoinRefusal::NotLeader { internal_address: Some(leader), .. })) => {
