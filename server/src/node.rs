@@ -327,6 +327,10 @@ struct NodeInner {
     /// Partition groups whose leader (this broker) is changing their
     /// membership to follow a move.
     membership_changes: Mutex<BTreeSet<GroupId>>,
+    /// Brokers joining or being removed through this broker (as metadata
+    /// leader) right now: one change at a time per broker (see
+    /// `membership::BrokerChange`). Bounded by the brokers asking.
+    broker_changes: Mutex<BTreeMap<NodeId, membership::BrokerChange>>,
     /// Groups led here found to follow their placement (see `membership`).
     converged: Mutex<membership::Converged>,
     /// When retention was last checked on each partition group led here.
@@ -411,6 +415,12 @@ impl GroupDirectory for Directory {
             Node { inner }.heard_from(peer);
         }
     }
+
+    fn vote_refused(&self, group: &GroupId, candidate: NodeId, term: u64) {
+        if let Some(inner) = self.0.upgrade() {
+            Node { inner }.vote_refused(group, candidate, term);
+        }
+    }
 }
 
 /// A running broker node.
@@ -447,6 +457,7 @@ impl Node {
             was_metadata_leader: Mutex::new(false),
             cursors: Mutex::new(BTreeMap::new()),
             membership_changes: Mutex::new(BTreeSet::new()),
+            broker_changes: Mutex::new(BTreeMap::new()),
             converged: Mutex::default(),
             retention_checked: Mutex::new(BTreeMap::new()),
             retention_proposed: Mutex::new(BTreeSet::new()),

@@ -70,6 +70,7 @@ pub(super) fn membership_error(error: MembershipError) -> Status {
         MembershipError::Rejected(rejection) => metadata_rejection(rejection),
         MembershipError::CatchUpTimeout { .. } => Status::deadline_exceeded(error.to_string()),
         MembershipError::LastBroker { .. } => Status::failed_precondition(error.to_string()),
+        MembershipError::Busy { .. } => Status::unavailable(error.to_string()),
     }
 }
 

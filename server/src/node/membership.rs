@@ -54,6 +54,56 @@ pub enum MembershipError {
          broker (add another first, or stop this one to retire the cluster)"
     )]
     LastBroker { broker: NodeId },
+    /// The broker is joining, or being removed, through this metadata
+    /// leader right now.
+    #[error("broker {broker} is {change} right now; retry once that has finished")]
+    Busy { broker: NodeId, change: BrokerChange },
+}
+
+/// A change of the brokers that the metadata leader makes one at a time per
+/// broker. A join that ran while the same broker was being removed, between
+/// the membership change that dropped it and the unregistration, found it
+/// still registered, took it for a member and added it back as a learner
+/// (sim seed 710000317: the removed broker's restart rejoined 34 ms before
+/// its removal finished, was made a voter again, re-registered itself, and
+/// a topic created later placed replicas on it after it had shut down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrokerChange {
+    Joining,
+    Leaving,
+}
+
+impl std::fmt::Display for BrokerChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BrokerChange::Joining => "joining",
+            BrokerChange::Leaving => "being removed",
+        })
+    }
+}
+
+/// Holds a broker's change until dropped (a dropped join request too).
+pub(super) struct BrokerChangeHeld {
+    node: Node,
+    broker: NodeId,
+}
+
+impl Drop for BrokerChangeHeld {
+    fn drop(&mut self) {
+        self.node.inner.broker_changes.lock().expect("broker changes").remove(&self.broker);
+    }
+}
+
+impl Node {
+    /// Begin `change` of `broker`, unless a change of it is under way here.
+    fn begin_broker_change(&self, broker: NodeId, change: BrokerChange) -> Result<BrokerChangeHeld, MembershipError> {
+        let mut changes = self.inner.broker_changes.lock().expect("broker changes");
+        if let Some(under_way) = changes.get(&broker) {
+            return Err(MembershipError::Busy { broker, change: *under_way });
+        }
+        changes.insert(broker, change);
+        Ok(BrokerChangeHeld { node: self.clone(), broker })
+    }
 }
 
 /// An openraft write error as a proposal error.
@@ -217,6 +267,7 @@ impl Node {
     ) -> Result<(), MembershipError> {
         let group = GroupId::Metadata;
         let raft = self.raft(&group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
+        let _joining = self.begin_broker_change(broker, BrokerChange::Joining)?;
         // Register only what changed: a repeated join writes nothing.
         let known = self.metadata().brokers().get(&BrokerId(broker)).cloned();
         if !known.is_some_and(|b| b.address == address && b.internal_address == internal_address) {
@@ -324,6 +375,7 @@ impl Node {
         if voters(&raft).iter().all(|voter| *voter == broker) {
             return Err(MembershipError::LastBroker { broker });
         }
+        let _leaving = self.begin_broker_change(broker, BrokerChange::Leaving)?;
         // Check first (on a copy), so a refused removal changes no membership.
         let command = MetadataCommand::RemoveBroker { broker: BrokerId(broker) };
         if let Err(rejection) = MetadataState::clone(&self.metadata()).apply(self.clock().now(), &command) {
@@ -409,33 +461,25 @@ impl Node {
         }
     }
 
-    /// Whether this broker was a member before, so that a leader that no
-    /// longer names it removed it: its own metadata log names it as a
-    /// voter (appended only once the entry adding it as a learner
-    /// committed), its committed membership names it (a learner removed
-    /// before it was promoted), or its log names it as a learner and the
-    /// metadata it applied registers it. The leader refuses a former member
-    /// only once neither its membership nor its registry names it: a
-    /// learner entry may have been lost while the registration stayed (a
-    /// power cut in the middle of the join; sim seed 220008084). Asked of the
-    /// Raft core, not its metrics, which are empty until the core has
-    /// loaded the log after a restart.
+    /// Whether this broker was added to the cluster before, so that a
+    /// leader that no longer names it nor registers it removed it: it holds
+    /// any of the metadata group's log (entries or a snapshot). A joining
+    /// broker is sent the log only once the leader added it as a learner,
+    /// which follows its registration (committed first, `add_broker`), and
+    /// only a removal ends a registration. The leader refuses a former
+    /// member only once neither its membership nor its registry names it:
+    /// a learner entry may have been lost while the registration stayed (a
+    /// power cut in the middle of the join; sim seed 220008084). Asking
+    /// whether its own log names it, as this did before, missed a broker
+    /// that was added and removed before it looked: the membership it then
+    /// held named it no more, it asked to join as new, and was added back
+    /// (sim seeds 280003187, 9100049, 710000317). Asked of the Raft core,
+    /// not its metrics, which are empty until the core has loaded the log
+    /// after a restart.
     async fn was_member(&self) -> bool {
         let Some(raft) = self.raft(&GroupId::Metadata) else { return false };
-        let me = self.id();
-        let (member, learner) = raft
-            .with_raft_state(move |state| {
-                let voter = state.membership_state.effective().membership().voter_ids().any(|voter| voter == me);
-                let member = voter || state.membership_state.committed().membership().get_node(&me).is_some();
-                (member, state.membership_state.effective().membership().get_node(&me).is_some())
-            })
-            .await
-            .unwrap_or((false, false));
-        // A learner entry follows the broker's registration, committed
-        // first (`add_broker`): registered in what it applied, it was
-        // added, and only a removal (which ends the registration) keeps it
-        // out (sim seed 280003187: a join that raced the removal).
-        member || (learner && self.metadata().brokers().contains_key(&BrokerId(me)))
+        // Any log holds a membership (the first entry, or a snapshot's).
+        raft.with_raft_state(|state| state.membership_state.effective().log_id().is_some()).await.unwrap_or(false)
     }
 
     /// Join the cluster through the broker at `internal_address` (following
@@ -445,16 +489,18 @@ impl Node {
     pub async fn join_cluster(&self, internal_address: String) -> Result<(), JoinRefusal> {
         let mut target = internal_address.clone();
         let mut last = JoinRefusal::Retry("no attempt made".into());
+        let mut rejoin = false;
         for _ in 0..JOIN_ATTEMPTS_MAX {
-            // Asked anew at each attempt: an earlier attempt whose answer
+            // Asked again at each attempt: an earlier attempt whose answer
             // was lost may have added this broker, and the operator removed
-            // it since; a retry that still said "new broker" would be added
-            // back (sim seed 9100049).
+            // it since; a retry that still said "new broker" was added back
+            // (sim seed 9100049).
+            rejoin |= self.was_member().await;
             let request = JoinRequest {
                 broker: self.id(),
                 address: self.inner.config.advertised.clone(),
                 internal_address: self.inner.config.internal_advertised.clone(),
-                rejoin: self.was_member().await,
+                rejoin,
             };
             match self.inner.peers.join(&target, &request, CATCH_UP_TIMEOUT + Duration::from_secs(5)).await {
                 Ok(Ok(())) => return Ok(()),

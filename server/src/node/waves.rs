@@ -11,7 +11,8 @@
 //! follower whose leader's broker is heard waits on, its election timer
 //! off, until the group goes quiet (its leader settles it in the leader's
 //! own turn); should that broker go unheard, or the membership no longer
-//! name that leader, or [`FOLLOWER_PATIENCE`] pass, the follower takes a
+//! name that leader, or that leader ask this replica's vote in a later term
+//! and be refused, or [`FOLLOWER_PATIENCE`] pass, the follower takes a
 //! turn.
 //! Otherwise a turn is taken when the turns held leave room for it (at
 //! most [`WAVE_GROUPS`] elections at once, a new group's initialisation
@@ -37,8 +38,8 @@
 //! election in a new term: vendor/README.md). Followers whose election
 //! timers ran would elect, in every group at once; instead the old leader,
 //! which knows no leader, stands in a turn of its own, and its followers
-//! take a turn only if it cannot win (its log lost entries they hold: then
-//! after [`FOLLOWER_PATIENCE`]).
+//! take a turn only if it cannot win: its log lost entries they hold, so
+//! they refuse it their votes, and take a turn once they have.
 //!
 //! A new group is initialised by its preferred leader alone, so that its
 //! replicas do not all stand for election in the same instant (each would
@@ -115,6 +116,10 @@ struct WaveState {
     /// How many turns there are now (see [`next_wave_size`]); none until
     /// the first round, which starts from the configured number.
     size: Option<usize>,
+    /// The last candidate each group refused its vote here, and in what
+    /// term. Bounded by the groups running here; an entry goes when its
+    /// group takes a turn or is let go.
+    refused: BTreeMap<GroupId, (NodeId, u64)>,
 }
 
 /// The number of turns after a round in which `settled` groups went quiet
@@ -310,7 +315,13 @@ impl Node {
                 } else if written {
                     Step::ReleaseAwake
                 } else if m.current_leader.is_some_and(|leader| {
-                    leader != me && joint.iter().any(|voters| voters.contains(&leader)) && live_peers.contains(&leader)
+                    leader != me
+                        && joint.iter().any(|voters| voters.contains(&leader))
+                        && live_peers.contains(&leader)
+                        && !state
+                            .refused
+                            .get(&turn.group)
+                            .is_some_and(|(candidate, term)| *candidate == leader && *term > m.current_term)
                 }) && now.saturating_duration_since(waiting.since) < FOLLOWER_PATIENCE
                 {
                     // Its leader's broker is heard: the leader goes quiet
@@ -318,7 +329,13 @@ impl Node {
                     // should that broker go unheard this group takes a
                     // turn and may elect. A leader the membership no
                     // longer names (a move took it off) is stepping down:
-                    // its followers must elect.
+                    // its followers must elect. So is one that asked this
+                    // replica's vote in a later term and was refused: it
+                    // restarted (it stands in a new term) and lost entries
+                    // this replica holds (after a power cut of all its
+                    // replicas, entries its followers flushed before it
+                    // did), so it cannot win here; without this, such a
+                    // group waited out the followers' patience.
                     Step::Wait
                 } else if initialised && !majority_heard(joint, me, &live_peers) {
                     // It cannot win an election while most of its voters
@@ -381,9 +398,23 @@ impl Node {
                 }
             }
         }
+        // Groups stopped here (deleted, moved off) forget their refusals.
+        state.refused.retain(|group, _| self.raft(group).is_some());
         for turn in done {
+            state.refused.remove(&turn.group);
             state.waiting.remove(&turn);
         }
+    }
+
+    /// A group running here refused `candidate` its vote in `term`: if it
+    /// waits for a turn on that candidate as its leader, it stops waiting
+    /// (see [`Node::wave_round`]).
+    pub(super) fn vote_refused(&self, group: &GroupId, candidate: NodeId, term: u64) {
+        if self.raft(group).is_none() || matches!(group, GroupId::Metadata) {
+            return;
+        }
+        let mut state = self.inner.waves.state.lock().expect("waves");
+        state.refused.insert(group.clone(), (candidate, term));
     }
 
     /// Whether this replica initialises a new group now: it is the

@@ -749,6 +749,9 @@ pub trait GroupDirectory: Send + Sync + 'static {
     /// A Raft message from `peer` arrived (authenticated): its broker is
     /// alive, as its liveness report would say.
     fn heard_from(&self, peer: NodeId);
+
+    /// A group running here refused `candidate` its vote in `term`.
+    fn vote_refused(&self, group: &GroupId, candidate: NodeId, term: u64);
 }
 
 /// The server side of the transport: routes each request to its group.
@@ -944,7 +947,14 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         if let Some(peer) = sender {
             self.directory.heard_from(peer);
         }
-        reply(&raft.vote(vote).await)
+        let term = vote.vote.leader_id().get_term();
+        let answer = raft.vote(vote).await;
+        if let (Ok(answer), Some(candidate), Ok(group)) = (&answer, sender, GroupId::parse(&request.group)) {
+            if !answer.vote_granted {
+                self.directory.vote_refused(&group, candidate, term);
+            }
+        }
+        reply(&answer)
     }
 
     async fn install_snapshot(
@@ -1030,6 +1040,8 @@ mod tests {
         fn appended(&self, _group: &GroupId) {}
 
         fn heard_from(&self, _peer: NodeId) {}
+
+        fn vote_refused(&self, _group: &GroupId, _candidate: NodeId, _term: u64) {}
 
         fn move_settled(&self, _report: MoveSettledReport) -> JoinFuture {
             Box::pin(async { Err(JoinRefusal::Refused("no".into())) })

@@ -782,6 +782,13 @@ impl CrashDir {
         }
     }
 
+    /// Turns the planted `sync_data` bug on or off for every segment made
+    /// so far (see [`CrashDisk::set_lie_about_sync`]); later segments lie
+    /// as the directory was made to.
+    pub fn set_lie_about_sync(&self, lie: bool) {
+        self.files().values().for_each(|disk| disk.set_lie_about_sync(lie));
+    }
+
     /// The device fills up, for every segment and for segments not yet made.
     pub fn fill(&self) {
         self.full.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -875,6 +882,14 @@ impl NodeDisk {
     /// Both parts lie about `sync_data` (the planted bug).
     pub fn new_lying() -> Self {
         NodeDisk { database: CrashDisk::new_lying(), segments: CrashDir::new_lying() }
+    }
+
+    /// Turns the planted `sync_data` bug on or off for both parts (see
+    /// [`CrashDir::set_lie_about_sync`]): a test's way to make a power cut
+    /// drop writes the broker believed durable.
+    pub fn set_lie_about_sync(&self, lie: bool) {
+        self.database.set_lie_about_sync(lie);
+        self.segments.set_lie_about_sync(lie);
     }
 
     /// Power loss for both parts (see [`CrashDisk::crash`]).
