@@ -550,6 +550,49 @@ fn a_join_retried_after_its_broker_was_removed_is_refused() {
     })
 }
 
+/// A removal cut short after its membership change (its caller went away,
+/// or the metadata leader lost the lead) leaves the broker registered but
+/// out of the membership, as a joiner whose learner entry was lost looks
+/// (sim seed 220008084, who must be let back). The removal marks the broker
+/// draining first, so the removed broker's restart, asking to join again,
+/// is refused as removed rather than added back as a voter.
+#[test]
+fn a_broker_whose_removal_was_cut_short_is_not_added_back() {
+    let runtime = Runtime::with_seed_and_config(13, madsim::Config::default());
+    runtime.block_on(async {
+        let handle = Handle::current();
+        let internal = |id: u64| keel_server::node::default_internal_address(&address(id).to_string()).unwrap();
+        let (nodes, hosts) = four_brokers_one_joining(&handle);
+        let node = |id: u64| nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started");
+        madsim::time::sleep(Duration::from_secs(2)).await;
+        let leader = loop {
+            if let Some(leader) = node(1).raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader) {
+                break leader;
+            }
+            madsim::time::sleep(Duration::from_millis(100)).await;
+        };
+        let join_from_4 = || {
+            let joiner = node(4);
+            handle
+                .get_node(hosts[3])
+                .expect("broker 4's host")
+                .spawn(async move { joiner.join_cluster(internal(leader)).await })
+        };
+        join_from_4().await.unwrap().expect("broker 4 joins");
+        // What `remove_broker` does before it unregisters the broker.
+        let drain = Command::Metadata(MetadataCommand::DrainBroker { broker: keel_core::BrokerId(4) });
+        node(leader).propose(&GroupId::Metadata, drain).await.expect("drained");
+        let raft = node(leader).raft(&GroupId::Metadata).unwrap();
+        let remove = openraft::ChangeMembers::RemoveVoters(std::collections::BTreeSet::from([4]));
+        raft.change_membership(remove, false).await.expect("broker 4 voted out");
+        let joined = join_from_4().await.unwrap();
+        let refused = matches!(&joined, Err(JoinRefusal::Refused(reason)) if reason.contains("was removed"));
+        assert!(refused, "broker 4 was not refused as removed: {joined:?}");
+        let voters = node(leader).group_voters(&GroupId::Metadata).unwrap();
+        assert!(!voters.contains(&4), "broker 4 votes again: {voters:?}");
+    })
+}
+
 /// Every replica of a partition loses power at once, and the leader's disk
 /// loses the entries it appended last, which its followers flushed and
 /// which were acknowledged (with pipelined replication a leader's own flush

@@ -376,6 +376,19 @@ impl Node {
             return Err(MembershipError::LastBroker { broker });
         }
         let _leaving = self.begin_broker_change(broker, BrokerChange::Leaving)?;
+        // Marked draining first, in the metadata: should this removal be cut
+        // short after the membership change (its caller went away, or this
+        // broker lost the lead), a join finding the broker out of the
+        // membership but registered takes it for removed, not for a joiner
+        // whose learner entry was lost (see `accept_join`).
+        if !self.metadata().brokers().get(&BrokerId(broker)).is_some_and(|known| known.draining) {
+            let drain = MetadataCommand::DrainBroker { broker: BrokerId(broker) };
+            match self.propose(&group, Command::Metadata(drain)).await? {
+                Response::Metadata(Ok(_)) => {}
+                Response::Metadata(Err(rejection)) => return Err(MembershipError::Rejected(rejection)),
+                other => unreachable!("the metadata group answered {other:?}"),
+            }
+        }
         // Check first (on a copy), so a refused removal changes no membership.
         let command = MetadataCommand::RemoveBroker { broker: BrokerId(broker) };
         if let Err(rejection) = MetadataState::clone(&self.metadata()).apply(self.clock().now(), &command) {
@@ -422,11 +435,14 @@ impl Node {
             return Err(JoinRefusal::Refused("broker id 0 is reserved: give the broker an id of 1 or more".into()));
         }
         tracing::debug!(broker = request.broker, rejoin = request.rejoin, "a broker asks to join");
-        // Removed: neither the membership nor the registry names it any
-        // more (RemoveBroker ends with the registration; a broker whose
-        // learner entry was lost is still registered: sim seed 220008084).
+        // Removed: the membership no longer names it, and the registry
+        // does not either (RemoveBroker ends with the registration; a broker
+        // whose learner entry was lost is still registered: sim seed
+        // 220008084) or marks it draining (a removal drains first: one cut
+        // short after its membership change left the registration).
         let removed = |node: &Node| {
-            !names(&raft, request.broker) && !node.metadata().brokers().contains_key(&BrokerId(request.broker))
+            !names(&raft, request.broker)
+                && node.metadata().brokers().get(&BrokerId(request.broker)).is_none_or(|broker| broker.draining)
         };
         if request.rejoin && removed(self) {
             // Refused for good only by a leader a quorum confirms: one cut

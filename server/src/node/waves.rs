@@ -12,8 +12,8 @@
 //! off, until the group goes quiet (its leader settles it in the leader's
 //! own turn); should that broker go unheard, or the membership no longer
 //! name that leader, or that leader ask this replica's vote in a later term
-//! and be refused, or [`FOLLOWER_PATIENCE`] pass, the follower takes a
-//! turn.
+//! and be refused for its shorter log, or [`FOLLOWER_PATIENCE`] pass, the
+//! follower takes a turn.
 //! Otherwise a turn is taken when the turns held leave room for it (at
 //! most [`WAVE_GROUPS`] elections at once, a new group's initialisation
 //! counting for [`NEW_GROUP_TURN`]), in this order: by this broker's place
@@ -116,10 +116,12 @@ struct WaveState {
     /// How many turns there are now (see [`next_wave_size`]); none until
     /// the first round, which starts from the configured number.
     size: Option<usize>,
-    /// The last candidate each group refused its vote here, and in what
-    /// term. Bounded by the groups running here; an entry goes when its
-    /// group takes a turn or is let go.
-    refused: BTreeMap<GroupId, (NodeId, u64)>,
+    /// The last candidate each group refused its vote here for its shorter
+    /// log, in what term, and when. Bounded by the groups running here; an
+    /// entry goes when its group takes a turn or is let go, and after
+    /// [`FOLLOWER_PATIENCE`] (a group waiting since before then has taken
+    /// a turn anyway).
+    refused: BTreeMap<GroupId, Refusal>,
 }
 
 /// The number of turns after a round in which `settled` groups went quiet
@@ -211,6 +213,13 @@ pub(super) struct Start {
     /// This broker's place in the group's placement (0: the preferred
     /// leader; `usize::MAX` if not placed here, such as a replica moved off).
     pub rank: usize,
+}
+
+/// A vote a group refused here: to whom, in what term, and when.
+struct Refusal {
+    candidate: NodeId,
+    term: u64,
+    at: Instant,
 }
 
 /// What one round decided for a waiting group.
@@ -321,7 +330,7 @@ impl Node {
                         && !state
                             .refused
                             .get(&turn.group)
-                            .is_some_and(|(candidate, term)| *candidate == leader && *term > m.current_term)
+                            .is_some_and(|refused| refused.candidate == leader && refused.term > m.current_term)
                 }) && now.saturating_duration_since(waiting.since) < FOLLOWER_PATIENCE
                 {
                     // Its leader's broker is heard: the leader goes quiet
@@ -330,10 +339,11 @@ impl Node {
                     // turn and may elect. A leader the membership no
                     // longer names (a move took it off) is stepping down:
                     // its followers must elect. So is one that asked this
-                    // replica's vote in a later term and was refused: it
-                    // restarted (it stands in a new term) and lost entries
-                    // this replica holds (after a power cut of all its
-                    // replicas, entries its followers flushed before it
+                    // replica's vote in a later term and was refused for
+                    // its shorter log: it restarted (it stands in a new
+                    // term) and lost entries this replica holds (after a
+                    // power cut of all its replicas, entries its followers
+                    // flushed before it
                     // did), so it cannot win here; without this, such a
                     // group waited out the followers' patience.
                     Step::Wait
@@ -398,23 +408,22 @@ impl Node {
                 }
             }
         }
-        // Groups stopped here (deleted, moved off) forget their refusals.
-        state.refused.retain(|group, _| self.raft(group).is_some());
+        state.refused.retain(|_, refused| now.saturating_duration_since(refused.at) < FOLLOWER_PATIENCE);
         for turn in done {
             state.refused.remove(&turn.group);
             state.waiting.remove(&turn);
         }
     }
 
-    /// A group running here refused `candidate` its vote in `term`: if it
-    /// waits for a turn on that candidate as its leader, it stops waiting
-    /// (see [`Node::wave_round`]).
+    /// A group running here refused `candidate` its vote in `term`, its log
+    /// being shorter: if the group waits for a turn on that candidate as
+    /// its leader, it stops waiting (see [`Node::wave_round`]).
     pub(super) fn vote_refused(&self, group: &GroupId, candidate: NodeId, term: u64) {
         if self.raft(group).is_none() || matches!(group, GroupId::Metadata) {
             return;
         }
         let mut state = self.inner.waves.state.lock().expect("waves");
-        state.refused.insert(group.clone(), (candidate, term));
+        state.refused.insert(group.clone(), Refusal { candidate, term, at: Instant::now() });
     }
 
     /// Whether this replica initialises a new group now: it is the

@@ -750,7 +750,8 @@ pub trait GroupDirectory: Send + Sync + 'static {
     /// alive, as its liveness report would say.
     fn heard_from(&self, peer: NodeId);
 
-    /// A group running here refused `candidate` its vote in `term`.
+    /// A group running here refused `candidate` its vote in `term`, its
+    /// log being shorter than this replica's.
     fn vote_refused(&self, group: &GroupId, candidate: NodeId, term: u64);
 }
 
@@ -947,10 +948,12 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         if let Some(peer) = sender {
             self.directory.heard_from(peer);
         }
-        let term = vote.vote.leader_id().get_term();
+        let (term, candidate_last) = (vote.vote.leader_id().get_term(), vote.last_log_id);
         let answer = raft.vote(vote).await;
         if let (Ok(answer), Some(candidate), Ok(group)) = (&answer, sender, GroupId::parse(&request.group)) {
-            if !answer.vote_granted {
+            // Refused for its log (this replica's is longer), not for a
+            // leader's lease or a vote already given in the term.
+            if !answer.vote_granted && answer.last_log_id > candidate_last {
                 self.directory.vote_refused(&group, candidate, term);
             }
         }
