@@ -106,6 +106,22 @@ fn start_brokers(handle: &Handle) -> (Vec<Broker>, Vec<madsim::task::NodeId>) {
     (brokers, node_ids)
 }
 
+/// Three brokers started, topic `orders` created and `count` records
+/// appended to it (each acknowledged); the brokers, hosts and its group.
+async fn orders_written(handle: &Handle, count: u64) -> (Vec<Broker>, Vec<madsim::task::NodeId>, GroupId) {
+    let (brokers, hosts) = start_brokers(handle);
+    let (_, group) = create_orders(&brokers).await;
+    for sequence in 0..count {
+        propose(&brokers, &group, append(sequence)).await;
+    }
+    (brokers, hosts, group)
+}
+
+/// The nodes of the brokers running now.
+fn running_nodes(brokers: &[Broker]) -> Vec<Node> {
+    brokers.iter().filter_map(|b| b.node.lock().unwrap().clone()).collect()
+}
+
 /// A power cut on `broker`: its disk is frozen (madsim's kill runs
 /// destructors, which would otherwise close redb cleanly) and keeps only
 /// what it kept, and the host is killed.
@@ -613,12 +629,8 @@ fn followers_that_refuse_their_restarted_leader_elect_without_waiting_out_their_
 
 async fn leader_lost_its_tail(seed: u64) {
     let handle = Handle::current();
-    let (brokers, hosts) = start_brokers(&handle);
-    let (_, group) = create_orders(&brokers).await;
-    for sequence in 0..5 {
-        propose(&brokers, &group, append(sequence)).await;
-    }
-    let nodes = || -> Vec<Node> { brokers.iter().filter_map(|b| b.node.lock().unwrap().clone()).collect() };
+    let (brokers, hosts, group) = orders_written(&handle, 5).await;
+    let nodes = || running_nodes(&brokers);
     let leading = |node: &Node| {
         node.raft(&group).and_then(|raft| {
             let metrics = raft.metrics().borrow().clone();
@@ -673,12 +685,8 @@ fn a_follower_back_from_a_power_cut_settles_without_an_election() {
 
 async fn follower_back_from_a_power_cut(seed: u64) {
     let handle = Handle::current();
-    let (brokers, hosts) = start_brokers(&handle);
-    let (_, group) = create_orders(&brokers).await;
-    for sequence in 0..10 {
-        propose(&brokers, &group, append(sequence)).await;
-    }
-    let nodes = || -> Vec<Node> { brokers.iter().filter_map(|b| b.node.lock().unwrap().clone()).collect() };
+    let (brokers, hosts, group) = orders_written(&handle, 10).await;
+    let nodes = || running_nodes(&brokers);
     // The group quiet on all three brokers: one leader, two followers.
     let quiet = |nodes: &[Node]| {
         let counts = nodes.iter().map(|n| n.quiet_counts()).fold((0, 0), |(l, f), q| (l + q.led, f + q.followed));
