@@ -36,6 +36,11 @@ fn address(id: u64) -> SocketAddr {
     format!("10.0.0.{id}:7000").parse().unwrap()
 }
 
+/// Broker `id`'s internal (Raft) address.
+fn internal(id: u64) -> String {
+    keel_server::node::default_internal_address(&address(id).to_string()).unwrap()
+}
+
 /// Order-sensitive hash of everything the driver observed, with simulated
 /// timestamps.
 struct Trace {
@@ -75,9 +80,7 @@ async fn propose(brokers: &[Broker], group: &GroupId, command: Command) -> Respo
 
 /// Three brokers on crash-simulating disks, each on a host of its own.
 fn start_brokers(handle: &Handle) -> (Vec<Broker>, Vec<madsim::task::NodeId>) {
-    let voters: BTreeMap<u64, String> = (1..=3)
-        .map(|id| (id, keel_server::node::default_internal_address(&address(id).to_string()).unwrap()))
-        .collect();
+    let voters: BTreeMap<u64, String> = (1..=3).map(|id| (id, internal(id))).collect();
     let mut brokers = Vec::new();
     let mut node_ids = Vec::new();
     for id in 1..=3u64 {
@@ -115,6 +118,13 @@ async fn orders_written(handle: &Handle, count: u64) -> (Vec<Broker>, Vec<madsim
         propose(&brokers, &group, append(sequence)).await;
     }
     (brokers, hosts, group)
+}
+
+/// Run `scenario` in a fresh simulation for each seed.
+fn on_seeds<F: std::future::Future<Output = ()>>(seeds: &[u64], scenario: impl Fn(u64) -> F) {
+    for &seed in seeds {
+        Runtime::with_seed_and_config(seed, madsim::Config::default()).block_on(scenario(seed));
+    }
 }
 
 /// The nodes of the brokers running now.
@@ -305,8 +315,7 @@ fn a_simulated_broker_accepts_thousands_of_calls_a_second() {
     let runtime = Runtime::with_seed_and_config(7, madsim::Config::default());
     runtime.block_on(async {
         let handle = Handle::current();
-        let voters: BTreeMap<u64, String> =
-            [(1, keel_server::node::default_internal_address(&address(1).to_string()).unwrap())].into();
+        let voters: BTreeMap<u64, String> = [(1, internal(1))].into();
         let node: Arc<Mutex<Option<Node>>> = Arc::new(Mutex::new(None));
         let published = node.clone();
         handle
@@ -381,7 +390,6 @@ type NodeSlot = Arc<Mutex<Option<Node>>>;
 /// `keel serve --join` starts it (no voters of its own), each on its host:
 /// their nodes and hosts.
 fn four_brokers_one_joining(handle: &Handle) -> (Vec<NodeSlot>, Vec<madsim::task::NodeId>) {
-    let internal = |id: u64| keel_server::node::default_internal_address(&address(id).to_string()).unwrap();
     let voters: BTreeMap<u64, String> = (1..=3).map(|id| (id, internal(id))).collect();
     let mut nodes: Vec<NodeSlot> = Vec::new();
     let mut hosts = Vec::new();
@@ -414,21 +422,35 @@ fn four_brokers_one_joining(handle: &Handle) -> (Vec<NodeSlot>, Vec<madsim::task
     (nodes, hosts)
 }
 
+/// `joiner` asks to join the cluster through broker `through`, from its
+/// own host (the test's task has no address).
+fn join_from(
+    handle: &Handle,
+    host: madsim::task::NodeId,
+    joiner: Node,
+    through: u64,
+) -> madsim::task::JoinHandle<Result<(), JoinRefusal>> {
+    handle.get_node(host).expect("the joiner's host").spawn(async move { joiner.join_cluster(internal(through)).await })
+}
+
+/// The metadata group's leader as `observer` knows it, once it knows one.
+async fn metadata_leader(observer: &Node) -> u64 {
+    loop {
+        if let Some(leader) = observer.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader) {
+            return leader;
+        }
+        madsim::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn learner_entry_lost(removed_first: bool) -> Result<(), JoinRefusal> {
     let runtime = Runtime::with_seed_and_config(11, madsim::Config::default());
     runtime.block_on(async {
         let handle = Handle::current();
-        let internal = |id: u64| keel_server::node::default_internal_address(&address(id).to_string()).unwrap();
         let (nodes, hosts) = four_brokers_one_joining(&handle);
         let node = |id: u64| nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started");
         madsim::time::sleep(Duration::from_secs(2)).await;
-        let leader = loop {
-            let known = node(1).raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader);
-            if let Some(leader) = known {
-                break leader;
-            }
-            madsim::time::sleep(Duration::from_millis(100)).await;
-        };
+        let leader = metadata_leader(&node(1)).await;
         // Broker 4 registered (committed), then its learner entry appended
         // on a leader cut off from the other voters.
         let register = MetadataCommand::RegisterBroker {
@@ -475,14 +497,7 @@ fn learner_entry_lost(removed_first: bool) -> Result<(), JoinRefusal> {
                 madsim::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        // From broker 4's own host: the test's task has no address.
-        let joiner = node(4);
-        let joined = handle
-            .get_node(hosts[3])
-            .expect("broker 4's host")
-            .spawn(async move { joiner.join_cluster(internal(through)).await })
-            .await
-            .unwrap();
+        let joined = join_from(&handle, hosts[3], node(4), through).await.unwrap();
         if joined.is_ok() {
             let members = node(through).raft(&GroupId::Metadata).unwrap().metrics().borrow().membership_config.clone();
             assert!(members.membership().voter_ids().any(|voter| voter == 4), "broker 4 votes: {members:?}");
@@ -505,21 +520,11 @@ fn a_join_retried_after_its_broker_was_removed_is_refused() {
     let runtime = Runtime::with_seed_and_config(12, madsim::Config::default());
     runtime.block_on(async {
         let handle = Handle::current();
-        let internal = |id: u64| keel_server::node::default_internal_address(&address(id).to_string()).unwrap();
         let (nodes, hosts) = four_brokers_one_joining(&handle);
         let node = |id: u64| nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started");
         madsim::time::sleep(Duration::from_secs(2)).await;
-        let leader = loop {
-            if let Some(leader) = node(1).raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader) {
-                break leader;
-            }
-            madsim::time::sleep(Duration::from_millis(100)).await;
-        };
-        let joiner = node(4);
-        let join = handle
-            .get_node(hosts[3])
-            .expect("broker 4's host")
-            .spawn(async move { joiner.join_cluster(internal(leader)).await });
+        let leader = metadata_leader(&node(1)).await;
+        let join = join_from(&handle, hosts[3], node(4), leader);
         // Broker 4 has applied its registration and stored its learner
         // entry: cut it off, so that the join's answer is lost.
         let mut added = false;
@@ -577,23 +582,11 @@ fn a_broker_whose_removal_was_cut_short_is_not_added_back() {
     let runtime = Runtime::with_seed_and_config(13, madsim::Config::default());
     runtime.block_on(async {
         let handle = Handle::current();
-        let internal = |id: u64| keel_server::node::default_internal_address(&address(id).to_string()).unwrap();
         let (nodes, hosts) = four_brokers_one_joining(&handle);
         let node = |id: u64| nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started");
         madsim::time::sleep(Duration::from_secs(2)).await;
-        let leader = loop {
-            if let Some(leader) = node(1).raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader) {
-                break leader;
-            }
-            madsim::time::sleep(Duration::from_millis(100)).await;
-        };
-        let join_from_4 = || {
-            let joiner = node(4);
-            handle
-                .get_node(hosts[3])
-                .expect("broker 4's host")
-                .spawn(async move { joiner.join_cluster(internal(leader)).await })
-        };
+        let leader = metadata_leader(&node(1)).await;
+        let join_from_4 = || join_from(&handle, hosts[3], node(4), leader);
         join_from_4().await.unwrap().expect("broker 4 joins");
         // What `remove_broker` does before it unregisters the broker.
         let drain = Command::Metadata(MetadataCommand::DrainBroker { broker: keel_core::BrokerId(4) });
@@ -621,10 +614,7 @@ fn a_broker_whose_removal_was_cut_short_is_not_added_back() {
 /// (seeds 1, 2 and 4; seed 3's cut kept the leader's tail).
 #[test]
 fn followers_that_refuse_their_restarted_leader_elect_without_waiting_out_their_patience() {
-    for seed in [1, 2, 3, 4] {
-        let runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
-        runtime.block_on(leader_lost_its_tail(seed));
-    }
+    on_seeds(&[1, 2, 3, 4], leader_lost_its_tail);
 }
 
 async fn leader_lost_its_tail(seed: u64) {
@@ -677,10 +667,7 @@ async fn leader_lost_its_tail(seed: u64) {
 /// stands for election: the term moves.
 #[test]
 fn a_follower_back_from_a_power_cut_settles_without_an_election() {
-    for seed in [1, 2, 3, 4] {
-        let runtime = Runtime::with_seed_and_config(seed, madsim::Config::default());
-        runtime.block_on(follower_back_from_a_power_cut(seed));
-    }
+    on_seeds(&[1, 2, 3, 4], follower_back_from_a_power_cut);
 }
 
 async fn follower_back_from_a_power_cut(seed: u64) {
