@@ -330,7 +330,7 @@ struct NodeInner {
     /// Brokers joining or being removed through this broker (as metadata
     /// leader) right now: one change at a time per broker (see
     /// `membership::BrokerChange`). Bounded by the brokers asking.
-    broker_changes: Mutex<BTreeMap<NodeId, membership::BrokerChange>>,
+    broker_changes: membership::BrokerChanges,
     /// Groups led here found to follow their placement (see `membership`).
     converged: Mutex<membership::Converged>,
     /// When retention was last checked on each partition group led here.
@@ -457,7 +457,7 @@ impl Node {
             was_metadata_leader: Mutex::new(false),
             cursors: Mutex::new(BTreeMap::new()),
             membership_changes: Mutex::new(BTreeSet::new()),
-            broker_changes: Mutex::new(BTreeMap::new()),
+            broker_changes: membership::BrokerChanges::default(),
             converged: Mutex::default(),
             retention_checked: Mutex::new(BTreeMap::new()),
             retention_proposed: Mutex::new(BTreeSet::new()),

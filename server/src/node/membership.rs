@@ -18,7 +18,7 @@
 //! channel (a second waiter there breaks determinism in simulation).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keel_core::metadata::{MetadataCommand, MetadataOutcome, MetadataState};
@@ -82,27 +82,40 @@ impl std::fmt::Display for BrokerChange {
     }
 }
 
+/// The brokers whose change is under way through this metadata leader, at
+/// most one change each (soft state: bounded by the brokers asked about,
+/// an entry goes when its change ends).
+#[derive(Debug, Default, Clone)]
+pub(super) struct BrokerChanges(Arc<Mutex<BTreeMap<NodeId, BrokerChange>>>);
+
+impl BrokerChanges {
+    /// Begin `change` of `broker`, unless a change of it is under way.
+    pub(super) fn begin(&self, broker: NodeId, change: BrokerChange) -> Result<BrokerChangeHeld, MembershipError> {
+        let mut changes = self.0.lock().expect("broker changes");
+        if let Some(under_way) = changes.get(&broker) {
+            return Err(MembershipError::Busy { broker, change: *under_way });
+        }
+        changes.insert(broker, change);
+        Ok(BrokerChangeHeld { changes: self.clone(), broker })
+    }
+}
+
 /// Holds a broker's change until dropped (a dropped join request too).
 pub(super) struct BrokerChangeHeld {
-    node: Node,
+    changes: BrokerChanges,
     broker: NodeId,
 }
 
 impl Drop for BrokerChangeHeld {
     fn drop(&mut self) {
-        self.node.inner.broker_changes.lock().expect("broker changes").remove(&self.broker);
+        self.changes.0.lock().expect("broker changes").remove(&self.broker);
     }
 }
 
 impl Node {
     /// Begin `change` of `broker`, unless a change of it is under way here.
     fn begin_broker_change(&self, broker: NodeId, change: BrokerChange) -> Result<BrokerChangeHeld, MembershipError> {
-        let mut changes = self.inner.broker_changes.lock().expect("broker changes");
-        if let Some(under_way) = changes.get(&broker) {
-            return Err(MembershipError::Busy { broker, change: *under_way });
-        }
-        changes.insert(broker, change);
-        Ok(BrokerChangeHeld { node: self.clone(), broker })
+        self.inner.broker_changes.begin(broker, change)
     }
 }
 
@@ -797,4 +810,30 @@ pub(super) fn may_stop(metadata: &MetadataState, group: &GroupId, raft: &Raft, m
     }
     let (_, committed) = nodes(raft);
     committed && !names(raft, me)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_broker_joins_or_leaves_one_change_at_a_time() {
+        let changes = BrokerChanges::default();
+        let joining = changes.begin(4, BrokerChange::Joining).expect("the first change of broker 4");
+        // A removal of the same broker while it joins is refused as busy,
+        // and says what is under way.
+        match changes.begin(4, BrokerChange::Leaving) {
+            Err(MembershipError::Busy { broker: 4, change: BrokerChange::Joining }) => {}
+            other => panic!("expected Busy joining, got {:?}", other.map(|_| ())),
+        }
+        // So is a second join (a retry while the first is still running).
+        assert!(matches!(changes.begin(4, BrokerChange::Joining), Err(MembershipError::Busy { .. })));
+        // Another broker's change goes ahead.
+        let other = changes.begin(5, BrokerChange::Leaving).expect("broker 5 is not changing");
+        // Once the join ends (its request answered or dropped), the removal may begin.
+        drop(joining);
+        let leaving = changes.begin(4, BrokerChange::Leaving).expect("broker 4's join has ended");
+        drop((leaving, other));
+        assert!(changes.0.lock().expect("broker changes").is_empty(), "every change ended");
+    }
 }
