@@ -81,6 +81,8 @@ pub const LIVENESS_TIMEOUT: Duration = Duration::from_millis(800);
 /// `waves::FOLLOWER_PATIENCE`, runs out). Its broker may be heard before it
 /// has started all its groups, so a second of heartbeats is not enough.
 pub const REJOIN_WAKE: Duration = Duration::from_secs(5);
+/// How long past a silent peer's time the round that gives it up runs.
+const GIVE_UP_MARGIN: Duration = Duration::from_millis(1);
 /// How long one liveness call may take.
 const LIVENESS_CALL_TIMEOUT: Duration = Duration::from_millis(500);
 
@@ -161,15 +163,20 @@ pub struct QuietCounts {
 }
 
 impl Node {
-    /// Every [`LIVENESS_INTERVAL`]: let idle led groups go quiet (or wake
-    /// them), wake followed groups whose leader's broker went unheard, and
-    /// send each peer this broker's liveness report.
+    /// Every [`LIVENESS_INTERVAL`], and when a peer's time runs out: let
+    /// idle led groups go quiet (or wake them), wake followed groups whose
+    /// leader's broker went unheard, and send each peer this broker's
+    /// liveness report.
     pub(super) async fn quiesce_forever(&self) {
         loop {
             crate::node::timed_round("quiesce", || self.quiesce_round());
+            // A peer falling silent is given up when its time runs out, not
+            // up to a round later (on average an eighth of a second more
+            // before the groups it led stand for election).
+            let interval = LIVENESS_INTERVAL.min(self.until_a_peer_is_given_up(Instant::now()));
             let asleep = Instant::now();
-            tokio::time::sleep(LIVENESS_INTERVAL).await;
-            let late = asleep.elapsed().saturating_sub(LIVENESS_INTERVAL);
+            tokio::time::sleep(interval).await;
+            let late = asleep.elapsed().saturating_sub(interval);
             self.ran_late(late);
         }
     }
@@ -430,6 +437,23 @@ impl Node {
         let heard = self.inner.quiet.heard.lock().expect("heard").get(&peer).copied();
         heard.is_some_and(|at| now.saturating_duration_since(at) < timeout)
             || self.inner.peers.since_answer(peer).is_some_and(|since| since < timeout)
+    }
+
+    /// How long until the first of the peers heard now goes unheard, if
+    /// nothing more comes from it: just past [`LIVENESS_TIMEOUT`] (plus
+    /// this broker's grace) since it was last heard or answered.
+    fn until_a_peer_is_given_up(&self, now: Instant) -> Duration {
+        let timeout = LIVENESS_TIMEOUT + self.inner.quiet.lateness.lock().expect("lateness").grace(now);
+        let heard = self.inner.quiet.heard.lock().expect("heard").clone();
+        self.live_peers(now)
+            .into_iter()
+            .filter_map(|peer| {
+                let heard = heard.get(&peer).map(|at| now.saturating_duration_since(*at));
+                let since = heard.into_iter().chain(self.inner.peers.since_answer(peer)).min()?;
+                Some(timeout.saturating_sub(since) + GIVE_UP_MARGIN)
+            })
+            .min()
+            .unwrap_or(LIVENESS_INTERVAL)
     }
 
     /// The peers heard lately (see [`Node::peer_live`]) among the
