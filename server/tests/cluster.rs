@@ -13,6 +13,7 @@ use keel_core::{Offset, PartitionIndex, ProducerId, Sequence, TopicName, TopicPa
 use keel_server::group::GroupId;
 use keel_server::local_cluster::LocalCluster;
 use keel_server::node::{Node, NodeConfig, NEW_GROUP_TURN};
+use keel_server::raft::network::JoinRefusal;
 use keel_server::raft::types::{Command, Response};
 use tempfile::TempDir;
 
@@ -429,6 +430,26 @@ async fn a_follower_back_after_a_stop_settles_without_an_election() {
     tokio::time::sleep(Duration::from_secs(12)).await;
     assert_eq!(leader_of(&cluster, &group), Some(leader), "the leader kept its lead");
     assert_eq!(term(&cluster), term_before, "no election after the follower came back");
+    cluster.shutdown().await;
+}
+
+/// A broker whose metadata group has stopped (a storage error stops its
+/// Raft core) cannot tell whether it was ever a member: its join is refused,
+/// saying what to do, rather than sent as a new broker's (which a cluster
+/// that had removed it would take as a new broker).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_whose_metadata_group_stopped_does_not_join_as_new() {
+    let dir = TempDir::new().unwrap();
+    let mut cluster = registered_cluster(&dir, 1, |_| {}).await;
+    let node = cluster.node(1).unwrap();
+    node.raft(&GroupId::Metadata).unwrap().shutdown().await.unwrap();
+    // Refused before any call: the address is never dialled.
+    match node.join_cluster("127.0.0.1:9".into()).await {
+        Err(JoinRefusal::Refused(message)) => {
+            assert!(message.contains("has stopped") && message.contains("restart it"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
     cluster.shutdown().await;
 }
 

@@ -443,14 +443,26 @@ async fn metadata_leader(observer: &Node) -> u64 {
     }
 }
 
+/// Four brokers on `handle`, the fourth not yet a member, two simulated
+/// seconds in: their slots, their hosts, and the metadata leader.
+async fn four_brokers_two_seconds_in(handle: &Handle) -> (Vec<NodeSlot>, Vec<madsim::task::NodeId>, u64) {
+    let (nodes, hosts) = four_brokers_one_joining(handle);
+    madsim::time::sleep(Duration::from_secs(2)).await;
+    let leader = metadata_leader(&started(&nodes, 1)).await;
+    (nodes, hosts, leader)
+}
+
+/// Broker `id`'s node, once started.
+fn started(nodes: &[NodeSlot], id: u64) -> Node {
+    nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started")
+}
+
 fn learner_entry_lost(removed_first: bool) -> Result<(), JoinRefusal> {
     let runtime = Runtime::with_seed_and_config(11, madsim::Config::default());
     runtime.block_on(async {
         let handle = Handle::current();
-        let (nodes, hosts) = four_brokers_one_joining(&handle);
-        let node = |id: u64| nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started");
-        madsim::time::sleep(Duration::from_secs(2)).await;
-        let leader = metadata_leader(&node(1)).await;
+        let (nodes, hosts, leader) = four_brokers_two_seconds_in(&handle).await;
+        let node = |id: u64| started(&nodes, id);
         // Broker 4 registered (committed), then its learner entry appended
         // on a leader cut off from the other voters.
         let register = MetadataCommand::RegisterBroker {
@@ -520,10 +532,8 @@ fn a_join_retried_after_its_broker_was_removed_is_refused() {
     let runtime = Runtime::with_seed_and_config(12, madsim::Config::default());
     runtime.block_on(async {
         let handle = Handle::current();
-        let (nodes, hosts) = four_brokers_one_joining(&handle);
-        let node = |id: u64| nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started");
-        madsim::time::sleep(Duration::from_secs(2)).await;
-        let leader = metadata_leader(&node(1)).await;
+        let (nodes, hosts, leader) = four_brokers_two_seconds_in(&handle).await;
+        let node = |id: u64| started(&nodes, id);
         let join = join_from(&handle, hosts[3], node(4), leader);
         // Broker 4 has applied its registration and stored its learner
         // entry: cut it off, so that the join's answer is lost.
@@ -582,10 +592,8 @@ fn a_broker_whose_removal_was_cut_short_is_not_added_back() {
     let runtime = Runtime::with_seed_and_config(13, madsim::Config::default());
     runtime.block_on(async {
         let handle = Handle::current();
-        let (nodes, hosts) = four_brokers_one_joining(&handle);
-        let node = |id: u64| nodes[id as usize - 1].lock().unwrap().clone().expect("the broker started");
-        madsim::time::sleep(Duration::from_secs(2)).await;
-        let leader = metadata_leader(&node(1)).await;
+        let (nodes, hosts, leader) = four_brokers_two_seconds_in(&handle).await;
+        let node = |id: u64| started(&nodes, id);
         let join_from_4 = || join_from(&handle, hosts[3], node(4), leader);
         join_from_4().await.unwrap().expect("broker 4 joins");
         // What `remove_broker` does before it unregisters the broker.

@@ -505,10 +505,21 @@ impl Node {
     /// (sim seeds 280003187, 9100049, 710000317). Asked of the Raft core,
     /// not its metrics, which are empty until the core has loaded the log
     /// after a restart.
-    async fn was_member(&self) -> bool {
-        let Some(raft) = self.raft(&GroupId::Metadata) else { return false };
+    ///
+    /// Refused if this broker's metadata group is not running: a broker
+    /// that cannot look must not join as new (it may have been a member).
+    async fn was_member(&self) -> Result<bool, JoinRefusal> {
+        let stopped = |why: String| {
+            JoinRefusal::Refused(format!(
+                "this broker's metadata group {why}, so it cannot tell whether it was a member; see this broker's \
+                 log for the error that stopped it, and restart it"
+            ))
+        };
+        let Some(raft) = self.raft(&GroupId::Metadata) else { return Err(stopped("is not running".into())) };
         // Any log holds a membership (the first entry, or a snapshot's).
-        raft.with_raft_state(|state| state.membership_state.effective().log_id().is_some()).await.unwrap_or(false)
+        raft.with_raft_state(|state| state.membership_state.effective().log_id().is_some())
+            .await
+            .map_err(|error| stopped(format!("has stopped ({error})")))
     }
 
     /// Join the cluster through the broker at `internal_address` (following
@@ -524,7 +535,7 @@ impl Node {
             // was lost may have added this broker, and the operator removed
             // it since; a retry that still said "new broker" was added back
             // (sim seed 9100049).
-            rejoin |= self.was_member().await;
+            rejoin |= self.was_member().await?;
             let request = JoinRequest {
                 broker: self.id(),
                 address: self.inner.config.advertised.clone(),
