@@ -437,10 +437,12 @@ impl Node {
         let partition_raft_config =
             Arc::new(openraft::Config { enable_elect: false, enable_tick: false, ..(*raft_config).clone() });
         let identity = ClusterIdentity { cluster_id: config.cluster_id, secret: config.cluster_secret.clone() };
+        let metrics = crate::metrics::Metrics::new();
         #[cfg(not(madsim))]
         let peers = Peers::new(identity.clone()).with_tls(config.tls.clone());
         #[cfg(madsim)]
         let peers = Peers::new(identity.clone());
+        let peers = peers.with_call_latency(metrics.raft_call_latency());
         #[cfg(not(madsim))]
         let (health, health_service) = tonic_health::server::health_reporter();
         let inner = Arc::new(NodeInner {
@@ -465,7 +467,7 @@ impl Node {
             settling: Mutex::new(settled::Settling::default()),
             quiet: quiesce::Quiescence::default(),
             waves: waves::Waves::default(),
-            metrics: crate::metrics::Metrics::new(),
+            metrics,
             stop_servers: [Arc::new(Notify::new()), Arc::new(Notify::new())],
             servers: Mutex::new(Vec::new()),
             server_failure: Arc::new(Mutex::new(None)),

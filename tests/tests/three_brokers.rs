@@ -286,6 +286,9 @@ fn a_topic_created_while_a_broker_is_down_gets_leaders_everywhere() {
     assert!(keel_tests::sample(&metrics, "keel_peer_failed_calls_total{peer=\"1\"}") > 0.0, "{metrics}");
     // Calls sent are counted too (those held back while it was down are not).
     assert!(keel_tests::sample(&metrics, "keel_raft_calls_total{peer=\"1\"}") > 0.0, "{metrics}");
+    // And the latency of those answered, by RPC.
+    let appends = r#"keel_raft_call_duration_seconds_count{rpc="AppendEntries"}"#;
+    assert!(keel_tests::sample(&metrics, appends) > 0.0, "{metrics}");
     assert_eq!(keel_tests::sample(&metrics, "keel_peer_up{peer=\"1\"}"), 1.0, "{metrics}");
 }
 

@@ -151,6 +151,9 @@ pub struct Peers {
     /// Each peer's reachability as this broker's calls find it: logged
     /// when it changes, not on every failed call of every group.
     health: Arc<Mutex<BTreeMap<NodeId, PeerHealth>>>,
+    /// Latency of the calls answered, by RPC (registered by the node's
+    /// metrics; unregistered, it is only counted).
+    call_latency: crate::metrics::RaftCallLatency,
     /// TLS for calls to peers (`None`: plaintext).
     #[cfg(not(madsim))]
     tls: Option<Arc<crate::tls::Tls>>,
@@ -217,9 +220,16 @@ impl Peers {
             answered: Arc::default(),
             resting: Arc::default(),
             health: Arc::default(),
+            call_latency: crate::metrics::raft_call_latency(),
             #[cfg(not(madsim))]
             tls: None,
         }
+    }
+
+    /// Observe the latency of answered calls in `latency` (the node's
+    /// metrics).
+    pub fn with_call_latency(self, call_latency: crate::metrics::RaftCallLatency) -> Peers {
+        Peers { call_latency, ..self }
     }
 
     /// Call peers over TLS with `tls`'s certificates (read anew for each
@@ -464,6 +474,16 @@ enum Rpc {
     InstallSnapshot,
 }
 
+impl Rpc {
+    fn label(self) -> crate::metrics::RaftRpc {
+        match self {
+            Rpc::AppendEntries => crate::metrics::RaftRpc::AppendEntries,
+            Rpc::Vote => crate::metrics::RaftRpc::Vote,
+            Rpc::InstallSnapshot => crate::metrics::RaftRpc::InstallSnapshot,
+        }
+    }
+}
+
 /// The simulation's duplicating network (madsim delivers each message once
 /// and, per connection, in order): while on, a share of the Raft messages
 /// a broker sends that were answered is delivered a second time, 1-300 ms
@@ -529,10 +549,15 @@ impl PeerClient {
         if permit.is_some() && left < option.soft_ttl() / 4 {
             return Err(TransportError::Busy);
         }
+        let sent = tokio::time::Instant::now();
         let result = match tokio::time::timeout(left, self.call_peer(rpc, request, option)).await {
             Ok(result) => result,
             Err(_) => Err(TransportError::TimedOut),
         };
+        if result.is_ok() {
+            let labels = crate::metrics::RaftCallLabels { rpc: rpc.label() };
+            self.peers.call_latency.get_or_create(&labels).observe(sent.elapsed().as_secs_f64());
+        }
         // A call timed out and nothing else came back from the peer lately:
         // its connection may be dead without knowing it (a partition drops
         // packets; TCP retransmits with back-off).
