@@ -310,8 +310,8 @@ impl Metrics {
         registry.register(
             "raft_call_duration_seconds",
             "Raft calls to peers that were answered, by RPC: from sending to the answer, the peer's work included \
-             (a vote and appended entries are flushed before it answers); calls that failed are in \
-             keel_peer_failed_calls_total",
+             (a vote and appended entries are flushed before it answers); calls with no answer are not in it \
+             (those that could not reach the peer are in keel_peer_failed_calls_total)",
             metrics.raft_call_latency.clone(),
         );
         registry.register("produced_records", "Records appended by produce requests", metrics.produced_records.clone());

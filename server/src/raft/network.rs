@@ -226,8 +226,8 @@ impl Peers {
         }
     }
 
-    /// Observe the latency of answered calls in `latency` (the node's
-    /// metrics).
+    /// Observe the latency of answered calls in `call_latency` (the
+    /// node's metrics).
     pub fn with_call_latency(self, call_latency: crate::metrics::RaftCallLatency) -> Peers {
         Peers { call_latency, ..self }
     }
