@@ -433,27 +433,28 @@ impl Node {
     /// message from it arrived, or it answered one of this broker's calls,
     /// within [`LIVENESS_TIMEOUT`] plus this broker's own recent lateness.
     pub(super) fn peer_live(&self, peer: NodeId, now: Instant) -> bool {
-        let timeout = LIVENESS_TIMEOUT + self.inner.quiet.lateness.lock().expect("lateness").grace(now);
-        let heard = self.inner.quiet.heard.lock().expect("heard").get(&peer).copied();
-        heard.is_some_and(|at| now.saturating_duration_since(at) < timeout)
-            || self.inner.peers.since_answer(peer).is_some_and(|since| since < timeout)
+        self.since_heard(peer, now).is_some_and(|since| since < self.liveness_timeout(now))
+    }
+
+    /// How long ago `peer` was last heard (its report or a Raft message)
+    /// or answered one of this broker's calls, whichever is later.
+    fn since_heard(&self, peer: NodeId, now: Instant) -> Option<Duration> {
+        let heard =
+            self.inner.quiet.heard.lock().expect("heard").get(&peer).map(|at| now.saturating_duration_since(*at));
+        heard.into_iter().chain(self.inner.peers.since_answer(peer)).min()
+    }
+
+    /// How long a peer may go unheard: [`LIVENESS_TIMEOUT`] plus this
+    /// broker's own recent lateness.
+    fn liveness_timeout(&self, now: Instant) -> Duration {
+        LIVENESS_TIMEOUT + self.inner.quiet.lateness.lock().expect("lateness").grace(now)
     }
 
     /// How long until the first of the peers heard now goes unheard, if
-    /// nothing more comes from it: just past [`LIVENESS_TIMEOUT`] (plus
-    /// this broker's grace) since it was last heard or answered.
+    /// nothing more comes from it (see [`until_first_given_up`]).
     fn until_a_peer_is_given_up(&self, now: Instant) -> Duration {
-        let timeout = LIVENESS_TIMEOUT + self.inner.quiet.lateness.lock().expect("lateness").grace(now);
-        let heard = self.inner.quiet.heard.lock().expect("heard").clone();
-        self.live_peers(now)
-            .into_iter()
-            .filter_map(|peer| {
-                let heard = heard.get(&peer).map(|at| now.saturating_duration_since(*at));
-                let since = heard.into_iter().chain(self.inner.peers.since_answer(peer)).min()?;
-                Some(timeout.saturating_sub(since) + GIVE_UP_MARGIN)
-            })
-            .min()
-            .unwrap_or(LIVENESS_INTERVAL)
+        let silences = self.live_peers(now).into_iter().filter_map(|peer| self.since_heard(peer, now));
+        until_first_given_up(self.liveness_timeout(now), silences)
     }
 
     /// The peers heard lately (see [`Node::peer_live`]) among the
@@ -508,6 +509,12 @@ impl Node {
             followed: quiet.following.lock().expect("following").len(),
         }
     }
+}
+
+/// How long until the first of peers silent for `silences` goes unheard
+/// (just past `timeout`), or [`LIVENESS_INTERVAL`] if no peer is heard.
+fn until_first_given_up(timeout: Duration, silences: impl Iterator<Item = Duration>) -> Duration {
+    silences.map(|since| timeout.saturating_sub(since) + GIVE_UP_MARGIN).min().unwrap_or(LIVENESS_INTERVAL)
 }
 
 /// Start or stop a led group's heartbeats, and its ticker with them: a
@@ -584,6 +591,20 @@ mod tests {
         assert_eq!(lateness.grace(later), Duration::ZERO, "the grace ends");
         lateness.record(Duration::from_millis(5), later);
         assert_eq!(lateness.grace(later), Duration::from_millis(5));
+    }
+
+    /// The round after this one runs just past the soonest time a silent
+    /// peer is to be given up, never later than the usual interval (the
+    /// caller takes the smaller), and at the interval with no peer heard.
+    #[test]
+    fn the_next_round_runs_when_the_first_silent_peer_is_to_be_given_up() {
+        let ms = Duration::from_millis;
+        let timeout = LIVENESS_TIMEOUT;
+        assert_eq!(until_first_given_up(timeout, [ms(100), ms(700)].into_iter()), ms(100) + GIVE_UP_MARGIN);
+        assert_eq!(until_first_given_up(timeout, [ms(0)].into_iter()), timeout + GIVE_UP_MARGIN);
+        // Past its time already (its round is due at once).
+        assert_eq!(until_first_given_up(timeout, [ms(900)].into_iter()), GIVE_UP_MARGIN);
+        assert_eq!(until_first_given_up(timeout, std::iter::empty()), LIVENESS_INTERVAL);
     }
 
     /// A follower goes quiet only under the listed leader and term, with
