@@ -18,11 +18,10 @@ use std::sync::{Arc, Mutex};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, RaftLogReader, StorageIOError};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use super::ledger::MarkChange;
 use super::records::delete_unused_log;
-use super::store::{LogRow, NodeStore, StoreError, LOG, RAFT_META, RECORD_RUNS};
+use super::store::{LogRow, NodeStore, StoreError, LOG, RAFT_META, RECORD_RUNS, VOTE};
 use crate::raft::types::{LogId, StorageError, TypeConfig, Vote};
 
 /// Entries appended but not yet committed to the database, by index.
@@ -82,17 +81,6 @@ impl LogStore {
             let value = table.get((self.group.as_str(), name))?;
             Ok(value.map(|v| postcard::from_bytes(v.value())).transpose()?)
         })
-    }
-
-    async fn write_meta<T: Serialize>(&self, durable: bool, name: &'static str, value: &T) -> Result<(), StoreError> {
-        let bytes = postcard::to_stdvec(value)?;
-        let group = self.group.clone();
-        self.store
-            .write(durable, move |txn| {
-                txn.open_table(RAFT_META)?.insert((group.as_str(), name), bytes.as_slice())?;
-                Ok(())
-            })
-            .await
     }
 
     fn entries(&self, start: u64, end: u64) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
@@ -201,12 +189,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
-        // A vote must be durable before it is acted on. It is also a
-        // durable commit on the writer that queued every earlier append, so
-        // it makes them durable too: the vendored openraft relies on that
+        // A vote must be durable before it is acted on. Its frame is synced
+        // on the writer that queued every earlier append, so it makes them
+        // durable too: the vendored openraft relies on that
         // when a leader that replicated entries before flushing them steps
         // down (vendor/README.md).
-        self.write_meta(true, "vote", vote).await.map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e))
+        let bytes = postcard::to_stdvec(vote).map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e.into()))?;
+        self.store
+            .save_vote(self.group.clone(), bytes)
+            .await
+            .map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }
 
     /// A committed vote of this broker's own comes back uncommitted, so a
@@ -221,8 +213,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// new term it must win an election first, and voters whose logs hold
     /// the committed entries refuse a candidate whose log lacks them.
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        let vote: Option<Vote> =
-            self.read_meta("vote").map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Read, e))?;
+        let vote: Option<Vote> = self.read_meta(VOTE).map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Read, e))?;
         Ok(vote.map(|vote| match self.node {
             Some(node) if vote.is_committed() && vote.leader_id().voted_for() == Some(node) => {
                 Vote::new(vote.leader_id().term, node)

@@ -10,10 +10,12 @@
 //! with one database per group.
 //!
 //! Durability rules (G1):
-//! - Log appends are committed without fsync (`Durability::None`) so they
-//!   are readable at once; openraft is told they are persisted only after a
-//!   later durable commit, which makes every earlier commit durable too.
-//! - Votes are committed durably before `save_vote` returns.
+//! - Log entries are frames of the segment log, their rows committed
+//!   without fsync (`Durability::None`) so they are readable at once;
+//!   openraft is told they are persisted only after the log's next sync,
+//!   which makes every earlier frame durable too.
+//! - Votes are frames of the segment log, synced before `save_vote`
+//!   returns (a restart replays them into their rows).
 //! - State-machine writes are not synced: the Raft log replays them. Before
 //!   a snapshot is handed out (after which openraft may purge the log), the
 //!   state machine is made durable.

@@ -7,11 +7,13 @@
 //! them out (when entries wait to be reported persisted, syncs the segment
 //! log only, one `fdatasync`, and reports them), then commits its redb
 //! transaction without fsync. Every so often ([`CHECKPOINT_BYTES`],
-//! [`CHECKPOINT_BATCHES`]), and whenever a write asks for durability (a
-//! vote), the transaction is committed durably with the log's position:
-//! the checkpoint. After a crash redb is back at its last checkpoint and
-//! the frames after it are replayed into `LOG`; rows whose frames were
-//! lost (never reported persisted) are deleted.
+//! [`CHECKPOINT_BATCHES`]), and whenever a write asks for durability, the
+//! transaction is committed durably with the log's position: the
+//! checkpoint. A vote is a frame too, synced like an entry, so saving one
+//! costs an `fdatasync`, not a checkpoint. After a crash redb is back at
+//! its last checkpoint and the frames after it are replayed into `LOG`
+//! and `RAFT_META`; rows whose frames were lost (never reported persisted)
+//! are deleted.
 //!
 //! Reclaiming space: `SEGMENT_LIVE` counts, in the rows' transaction, the
 //! bytes of live frames per segment ([`super::log_rows`]). A segment no
@@ -42,6 +44,8 @@ pub(crate) const LOG: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new
 const SEGMENT_LOG: TableDefinition<&str, &[u8]> = TableDefinition::new("segment_log");
 /// Raft metadata: (group key, "vote" | "purged" | "committed") -> postcard.
 pub(crate) const RAFT_META: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("raft_meta");
+/// The `RAFT_META` name of a group's vote.
+pub(crate) const VOTE: &str = "vote";
 /// State machines: group key -> postcard(Applied).
 pub(crate) const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state_machine");
 /// Partition records received in a snapshot (the others stay in their log
@@ -105,6 +109,13 @@ pub(crate) enum Frame<'a> {
     },
     /// `group`'s entries from index `from` on were deleted.
     Truncate { group: &'a str, from: u64 },
+    /// `group` saved its Raft vote (postcard(Vote)): durable once the
+    /// segment log is synced, replayed into `RAFT_META` after a crash.
+    Vote {
+        group: &'a str,
+        #[serde(with = "serde_bytes")]
+        vote: &'a [u8],
+    },
 }
 
 /// A storage failure. Fatal for the node: stop and restart from disk.
@@ -176,6 +187,9 @@ enum Job {
     /// Delete `group`'s entries from index `from` on: a frame, then the
     /// rows; answered once committed.
     Truncate { group: String, from: u64, done: oneshot::Sender<Result<(), StoreError>> },
+    /// Save `group`'s Raft vote (postcard(Vote)): a frame, synced in this
+    /// batch, then the `RAFT_META` row; answered once committed.
+    Vote { group: String, vote: Vec<u8>, done: oneshot::Sender<Result<(), StoreError>> },
     /// Tell openraft these log entries (up to `last`, of `group`) are
     /// persisted once the segment log's next sync covers their frames.
     Persisted { callback: LogFlushed<TypeConfig>, group: String, last: LogId },
@@ -456,6 +470,18 @@ impl NodeStore {
         Ok(())
     }
 
+    /// Save `group`'s Raft vote (postcard(Vote)) durably: its frame is
+    /// synced in the writer's next batch (one `fdatasync` shared with the
+    /// batch's appends, not a durable redb commit) and its `RAFT_META` row
+    /// committed there; a restart replays the frame if that commit was
+    /// lost. The sync also makes every frame queued before it durable.
+    pub(crate) async fn save_vote(&self, group: String, vote: Vec<u8>) -> Result<(), StoreError> {
+        self.db()?;
+        let (done, answer) = oneshot::channel();
+        self.jobs.send(Job::Vote { group, vote, done }).map_err(|_| StoreError::Closed)?;
+        answer.await.unwrap_or(Err(StoreError::Poisoned))
+    }
+
     /// Delete `group`'s log entries from index `from` on (a Raft log
     /// truncation), in order with the appends queued before.
     pub(crate) async fn truncate_log(&self, group: String, from: u64) -> Result<(), StoreError> {
@@ -560,7 +586,7 @@ impl NodeStore {
             log_rows::delete_rows(txn, key, 0..u64::MAX)?;
             txn.open_table(RECORDS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
             txn.open_table(RECORD_RUNS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
-            for name in ["vote", "purged", "committed"] {
+            for name in [VOTE, "purged", "committed"] {
                 txn.open_table(RAFT_META)?.remove((key, name))?;
             }
             txn.open_table(STATE)?.remove(key)?;
@@ -643,6 +669,8 @@ enum Step {
     Rows(String, Vec<(u64, LogRow)>),
     /// Delete a group's `LOG` rows from an index on.
     DeleteFrom(String, u64),
+    /// Set a group's vote row (its frame is appended).
+    Vote(String, Vec<u8>),
 }
 
 impl Writer {
@@ -684,6 +712,8 @@ impl Writer {
         let mut durable = false;
         let mut after_commit: Vec<AfterCommit> = Vec::new();
         let mut persisted = Vec::new();
+        // A vote's frame must be synced before the vote is answered.
+        let mut voted = false;
         // Mark changes in job order: a report, then a truncation behind it,
         // leaves the mark lowered.
         let mut marks = Vec::new();
@@ -734,6 +764,16 @@ impl Writer {
                         let _ = done.send(outcome.as_ref().map(|_| ()).map_err(|e| StoreError::Failed(e.to_string())));
                     }));
                 }
+                Job::Vote { group, vote, done } => {
+                    if framed.is_ok() {
+                        framed = self.append_frame(&Frame::Vote { group: &group, vote: &vote }).map(|_| ());
+                    }
+                    voted = true;
+                    steps.push(Step::Vote(group, vote));
+                    after_commit.push(Box::new(move |outcome| {
+                        let _ = done.send(outcome.as_ref().map(|_| ()).map_err(|e| StoreError::Failed(e.to_string())));
+                    }));
+                }
                 Job::Persisted { callback, group, last } => {
                     persisted.push(callback);
                     marks.push(MarkChange::Reported(group, last));
@@ -745,7 +785,7 @@ impl Writer {
         // Frames out (readable) before their rows commit; synced first if
         // anything must be durable.
         let logged = framed.and_then(|()| {
-            if checkpoint || !persisted.is_empty() {
+            if checkpoint || voted || !persisted.is_empty() {
                 self.log.sync()?;
                 self.syncs.fetch_add(1 + u64::from(checkpoint), Ordering::Relaxed);
             } else {
@@ -791,6 +831,9 @@ impl Writer {
                         Step::Op(op) => completions.push(op(txn)?),
                         Step::Rows(group, rows) => log_rows::insert_rows(txn, &group, rows)?,
                         Step::DeleteFrom(group, from) => log_rows::delete_rows(txn, &group, from..u64::MAX)?,
+                        Step::Vote(group, vote) => {
+                            txn.open_table(RAFT_META)?.insert((group.as_str(), VOTE), vote.as_slice())?;
+                        }
                     }
                 }
                 if checkpoint {
@@ -1111,6 +1154,9 @@ fn forget_lost_and_replay(
                 log_rows::insert_rows(txn, group, [(log_id.index, LogRow { log_id, at: *at })])?
             }
             Frame::Truncate { group, from } => log_rows::delete_rows(txn, group, from..u64::MAX)?,
+            Frame::Vote { group, vote } => {
+                txn.open_table(RAFT_META)?.insert((group, VOTE), vote)?;
+            }
         }
     }
     Ok(())
@@ -1238,6 +1284,33 @@ mod tests {
             let reported = appended.await;
             assert!(reported.is_err(), "an append after a failure was reported persisted: {reported:?}");
         });
+    }
+
+    /// A vote costs a sync of the segment log, not a checkpoint, and
+    /// survives power loss in every crash image: a restart replays its
+    /// frame into the vote row.
+    #[test]
+    fn a_saved_vote_survives_power_loss_without_a_checkpoint() {
+        for seed in 0..20 {
+            runtime().block_on(async {
+                let disk = NodeDisk::new();
+                let store = NodeStore::open_on_disk(&disk, 1 << 20).unwrap();
+                let mut log = LogStore::new(store.clone(), "g".to_string());
+                log.blocking_append([entry(1)]).await.unwrap();
+                let before = store.log_usage();
+                let vote = crate::raft::types::Vote::new(3, 2);
+                log.save_vote(&vote).await.unwrap();
+                let after = store.log_usage();
+                assert_eq!(after.checkpoints, before.checkpoints, "a vote made a checkpoint");
+                assert_eq!(after.syncs, before.syncs + 1, "a vote is one sync");
+                let crashed = disk.crash(seed);
+                drop(log);
+                drop(store);
+                let store = NodeStore::open_on_disk(&crashed, 1 << 20).unwrap();
+                let mut log = LogStore::new(store, "g".to_string());
+                assert_eq!(log.read_vote().await.unwrap(), Some(vote), "seed {seed}");
+            });
+        }
     }
 
     #[test]
