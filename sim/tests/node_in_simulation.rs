@@ -270,13 +270,17 @@ fn a_leader_restarted_in_its_term_reads_everything_it_answered() {
         };
         power_cut(&handle, &brokers[leader], hosts[leader]);
         handle.restart(hosts[leader]);
-        let node = loop {
+        // The group runs once the broker's metadata names it again: the
+        // metadata it applied may be replayed only after the cut (a
+        // broker's applied state is not synced; its log is).
+        let (node, raft) = loop {
             if let Some(node) = brokers[leader].node.lock().unwrap().clone() {
-                break node;
+                if let Some(raft) = node.raft(&group) {
+                    break (node, raft);
+                }
             }
             madsim::time::sleep(Duration::from_millis(1)).await;
         };
-        let raft = node.raft(&group).expect("the partition's group runs on its replica");
         assert!(
             raft.current_leader().await != Some(node.id()),
             "broker {} resumed its term: a leader that replicates before its own flush must not",
