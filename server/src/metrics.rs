@@ -134,7 +134,10 @@ fn latency_histogram() -> Histogram {
 
 /// The broker's metrics registry.
 pub struct Metrics {
+    /// Every series.
     registry: Registry,
+    /// The broker's own series only: none per Raft group or partition.
+    node_registry: Registry,
     requests: Family<RpcLabels, Counter>,
     refused: Family<RefusalLabels, Counter>,
     latency: HistogramFamily<LatencyLabels>,
@@ -149,6 +152,7 @@ pub struct Metrics {
     raft_last_log_index: Family<GroupLabels, Gauge>,
     raft_last_applied_index: Family<GroupLabels, Gauge>,
     raft_voters: Family<GroupLabels, Gauge>,
+    raft_groups_led: Gauge,
     raft_quiet_groups: Family<RoleLabels, Gauge>,
     raft_groups_waiting: Gauge,
     raft_groups_electing: Gauge,
@@ -257,8 +261,6 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut root = Registry::default();
-        let registry = root.sub_registry_with_prefix("keel");
         let metrics = Metrics {
             requests: Family::default(),
             refused: Family::default(),
@@ -274,6 +276,7 @@ impl Metrics {
             raft_last_log_index: Family::default(),
             raft_last_applied_index: Family::default(),
             raft_voters: Family::default(),
+            raft_groups_led: Gauge::default(),
             raft_quiet_groups: Family::default(),
             raft_groups_waiting: Gauge::default(),
             raft_groups_electing: Gauge::default(),
@@ -294,10 +297,22 @@ impl Metrics {
             log_live_bytes: Gauge::default(),
             log_compacted_bytes: Counter::default(),
             registry: Registry::default(),
+            node_registry: Registry::default(),
         };
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").to_string() }).set(1);
-        registry.register("build_info", "Always 1; the version of keel this broker runs", build_info);
+        let registry = metrics.registry_of(&build_info, true);
+        let node_registry = metrics.registry_of(&build_info, false);
+        Metrics { registry, node_registry, ..metrics }
+    }
+
+    /// A registry of every series, or (`per_group` false) of the broker's
+    /// own only.
+    fn registry_of(&self, build_info: &Family<BuildLabels, Gauge>, per_group: bool) -> Registry {
+        let metrics = self;
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("keel");
+        registry.register("build_info", "Always 1; the version of keel this broker runs", build_info.clone());
         registry.register("requests", "API requests answered, by RPC and gRPC status code", metrics.requests.clone());
         registry.register(
             "requests_refused",
@@ -332,18 +347,39 @@ impl Metrics {
             "Produce batches proposed by this leader, gathered into keel_append_entries_total entries",
             metrics.append_batches.clone(),
         );
-        registry.register("raft_leader", "1 if this broker leads the Raft group", metrics.raft_leader.clone());
-        registry.register("raft_term", "The Raft group's current term on this broker", metrics.raft_term.clone());
-        registry.register("raft_last_log_index", "Last log index on this replica", metrics.raft_last_log_index.clone());
+        if per_group {
+            registry.register("raft_leader", "1 if this broker leads the Raft group", metrics.raft_leader.clone());
+            registry.register("raft_term", "The Raft group's current term on this broker", metrics.raft_term.clone());
+            registry.register(
+                "raft_last_log_index",
+                "Last log index on this replica",
+                metrics.raft_last_log_index.clone(),
+            );
+            registry.register(
+                "raft_last_applied_index",
+                "Last applied index on this replica",
+                metrics.raft_last_applied_index.clone(),
+            );
+            registry.register(
+                "raft_voters",
+                "Voters of the Raft group as this replica sees them",
+                metrics.raft_voters.clone(),
+            );
+            registry.register(
+                "partition_high_watermark",
+                "Next offset of partitions led here",
+                metrics.high_watermark.clone(),
+            );
+            registry.register(
+                "consumer_lag",
+                "Records not yet acknowledged by a group, on partitions led here",
+                metrics.lag.clone(),
+            );
+        }
         registry.register(
-            "raft_last_applied_index",
-            "Last applied index on this replica",
-            metrics.raft_last_applied_index.clone(),
-        );
-        registry.register(
-            "raft_voters",
-            "Voters of the Raft group as this replica sees them",
-            metrics.raft_voters.clone(),
+            "raft_groups_led",
+            "Raft groups (the metadata group and partitions) this broker leads: the sum of keel_raft_leader",
+            metrics.raft_groups_led.clone(),
         );
         registry.register(
             "snapshots_built",
@@ -354,16 +390,6 @@ impl Metrics {
             "snapshots_installed",
             "Raft snapshots this broker installed from a leader since it started (all groups)",
             metrics.snapshots_installed.clone(),
-        );
-        registry.register(
-            "partition_high_watermark",
-            "Next offset of partitions led here",
-            metrics.high_watermark.clone(),
-        );
-        registry.register(
-            "consumer_lag",
-            "Records not yet acknowledged by a group, on partitions led here",
-            metrics.lag.clone(),
         );
         registry.register(
             "peer_up",
@@ -428,7 +454,7 @@ impl Metrics {
             metrics.log_compacted_bytes.clone(),
         );
         metrics.process.register(&mut root);
-        Metrics { registry: root, ..metrics }
+        root
     }
 
     /// The histogram of Raft call latency, for the transport to observe.
@@ -476,27 +502,31 @@ impl Metrics {
     /// Read the node's current Raft state and lag, then render everything
     /// in the OpenMetrics text format.
     pub fn render(&self, node: &Node) -> String {
-        self.refresh(node);
+        self.refresh_node(node);
+        self.refresh_groups(node);
+        Self::encode(&self.registry)
+    }
+
+    /// Read the node's own figures, then render them (no series per Raft
+    /// group or partition): what a scraper of a broker with thousands of
+    /// partitions reads cheaply.
+    pub fn render_node(&self, node: &Node) -> String {
+        self.refresh_node(node);
+        Self::encode(&self.node_registry)
+    }
+
+    fn encode(registry: &Registry) -> String {
         let mut text = String::new();
-        if prometheus_client::encoding::text::encode(&mut text, &self.registry).is_err() {
+        if prometheus_client::encoding::text::encode(&mut text, registry).is_err() {
             let _ = writeln!(text, "# metrics could not be encoded");
         }
         text
     }
 
-    fn refresh(&self, node: &Node) {
+    /// The series of the broker as a whole.
+    fn refresh_node(&self, node: &Node) {
         self.process.refresh();
-        for family in [
-            &self.raft_leader,
-            &self.raft_term,
-            &self.raft_last_log_index,
-            &self.raft_last_applied_index,
-            &self.raft_voters,
-        ] {
-            family.clear();
-        }
-        self.high_watermark.clear();
-        self.lag.clear();
+        self.raft_groups_led.set(node.groups_led() as i64);
         for (peer, health) in node.peer_health() {
             let labels = PeerLabels { peer };
             self.peer_up.get_or_create(&labels).set(i64::from(health.down_since.is_none()));
@@ -522,6 +552,21 @@ impl Metrics {
         let (built, installed) = node.snapshot_counts();
         self.snapshots_built.set(built as i64);
         self.snapshots_installed.set(installed as i64);
+    }
+
+    /// A series per Raft group running here and per partition led here.
+    fn refresh_groups(&self, node: &Node) {
+        for family in [
+            &self.raft_leader,
+            &self.raft_term,
+            &self.raft_last_log_index,
+            &self.raft_last_applied_index,
+            &self.raft_voters,
+        ] {
+            family.clear();
+        }
+        self.high_watermark.clear();
+        self.lag.clear();
         let metadata = node.metadata();
         for group in node.groups() {
             let Some(raft) = node.raft(&group) else { continue };

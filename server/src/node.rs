@@ -654,6 +654,12 @@ impl Node {
         self.inner.metrics.render(self)
     }
 
+    /// The broker's own metrics, without a series per Raft group or
+    /// partition: cheap however many partitions it holds.
+    pub fn render_node_metrics(&self) -> String {
+        self.inner.metrics.render_node(self)
+    }
+
     /// How long ago `peer` last answered a Raft message from this broker
     /// (`None`: never, since this broker started).
     pub fn since_peer_answer(&self, peer: NodeId) -> Option<Duration> {
@@ -697,6 +703,13 @@ impl Node {
     /// The Raft handle of a group running here.
     pub fn raft(&self, group: &GroupId) -> Option<Raft> {
         self.inner.raft(group)
+    }
+
+    /// How many of the Raft groups running here (the metadata group and
+    /// partitions) this broker leads.
+    pub fn groups_led(&self) -> usize {
+        let groups = self.inner.groups.lock().expect("groups");
+        groups.values().filter(|g| g.raft.metrics().borrow().state == openraft::ServerState::Leader).count()
     }
 
     /// The groups running here.

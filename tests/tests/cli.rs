@@ -302,6 +302,17 @@ fn metrics_speak_prometheus_text_or_openmetrics_with_canonical_codes_and_build_i
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     assert!(started > now - 600.0 && started <= now + 1.0, "started {started}, now {now}");
 
+    // One broker leads its metadata group; `/metrics/node` says so without
+    // a series per group, and keeps the broker's own series.
+    assert_eq!(keel_tests::sample(&text, "keel_raft_leader{"), 1.0, "{text}");
+    assert_eq!(keel_tests::sample(&text, "keel_raft_groups_led"), 1.0, "{text}");
+    let (headers, node) = keel_tests::http_get_accepting(&metrics, "/metrics/node", None);
+    assert!(headers.contains("content-type: text/plain; version=0.0.4"), "{headers}");
+    assert_eq!(keel_tests::sample(&node, "keel_raft_groups_led"), 1.0, "{node}");
+    assert!(keel_tests::sample(&node, "keel_log_syncs_total") >= 1.0, "{node}");
+    assert!(keel_tests::sample(&node, "process_resident_memory_bytes") > 1e6, "{node}");
+    assert!(!node.contains("keel_raft_leader{") && !node.contains("keel_raft_term{"), "{node}");
+
     let accept = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5";
     let (headers, open) = keel_tests::http_get_accepting(&metrics, "/metrics", Some(accept));
     assert!(headers.contains("content-type: application/openmetrics-text"), "{headers}");

@@ -1587,26 +1587,24 @@ async fn serve_metrics(node: Node, address: SocketAddr) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the metrics address {address}"))?;
     let tls = node.tls();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move |headers: axum::http::HeaderMap| {
-            let node = node.clone();
-            async move {
-                // OpenMetrics for scrapers that ask for it (Prometheus does);
-                // the classic text format for everything else (curl, older
-                // scrapers).
-                let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
-                let text = node.render_metrics();
-                if accept.contains("application/openmetrics-text") {
-                    let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-                    ([(axum::http::header::CONTENT_TYPE, content_type)], text)
-                } else {
-                    let content_type = "text/plain; version=0.0.4; charset=utf-8";
-                    ([(axum::http::header::CONTENT_TYPE, content_type)], prometheus_text(&text))
-                }
-            }
-        }),
-    );
+    // `/metrics` has every series; `/metrics/node` the broker's own only,
+    // none per Raft group or partition (cheap at thousands of partitions).
+    let every = node.clone();
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move |headers: axum::http::HeaderMap| {
+                let node = every.clone();
+                async move { metrics_response(&headers, node.render_metrics()) }
+            }),
+        )
+        .route(
+            "/metrics/node",
+            axum::routing::get(move |headers: axum::http::HeaderMap| {
+                let node = node.clone();
+                async move { metrics_response(&headers, node.render_node_metrics()) }
+            }),
+        );
     tokio::spawn(async move {
         let served = match tls {
             Some(tls) => {
@@ -1620,6 +1618,22 @@ async fn serve_metrics(node: Node, address: SocketAddr) -> anyhow::Result<()> {
         }
     });
     Ok(())
+}
+
+/// OpenMetrics for scrapers that ask for it (Prometheus does); the classic
+/// text format for everything else (curl, older scrapers).
+fn metrics_response(
+    headers: &axum::http::HeaderMap,
+    openmetrics: String,
+) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    if accept.contains("application/openmetrics-text") {
+        let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+        ([(axum::http::header::CONTENT_TYPE, content_type)], openmetrics)
+    } else {
+        let content_type = "text/plain; version=0.0.4; charset=utf-8";
+        ([(axum::http::header::CONTENT_TYPE, content_type)], prometheus_text(&openmetrics))
+    }
 }
 
 /// The Prometheus text format (0.0.4) of an OpenMetrics exposition: a
