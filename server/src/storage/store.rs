@@ -727,11 +727,16 @@ impl Writer {
         // Copies precede the batch's own frames, and their rows move before
         // its steps run: a replay (which sees the copies only if this
         // batch's transaction was lost) then redoes the batch on top.
-        let (mut framed, moved) = match checkpoint {
+        // A poisoned store writes no more frames: after an I/O error,
+        // stop (a vote of another group must not reach the disk while its
+        // caller is told it failed).
+        let poisoned = self.poisoned.load(Ordering::SeqCst);
+        let (mut framed, moved) = match checkpoint && !poisoned {
             true => match self.compact_step() {
                 Ok(moved) => (Ok(()), moved),
                 Err(error) => (Err(error), Vec::new()),
             },
+            false if poisoned => (Err(StoreError::Poisoned), Vec::new()),
             false => (Ok(()), Vec::new()),
         };
         for job in jobs {
@@ -1311,6 +1316,48 @@ mod tests {
                 assert_eq!(log.read_vote().await.unwrap(), Some(vote), "seed {seed}");
             });
         }
+    }
+
+    /// After a failure the store writes nothing more: a vote queued behind
+    /// the failed batch fails, and no crash image holds it.
+    #[test]
+    fn a_poisoned_store_writes_no_vote() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        runtime.block_on(async {
+            let disk = NodeDisk::new();
+            let store = NodeStore::open_on_disk(&disk, 1 << 20).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            // Hold the writer inside a batch while the vote queues up
+            // behind it, then poison the store and let the writer go on.
+            let (started, running) = std::sync::mpsc::channel();
+            let (release, held) = std::sync::mpsc::channel::<()>();
+            let holding = {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .write(false, move |_txn| {
+                            started.send(()).unwrap();
+                            held.recv().unwrap();
+                            Ok(())
+                        })
+                        .await
+                })
+            };
+            tokio::task::spawn_blocking(move || running.recv().unwrap()).await.unwrap();
+            let vote = crate::raft::types::Vote::new(3, 2);
+            let mut saved = std::pin::pin!(log.save_vote(&vote));
+            let first =
+                std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(saved.as_mut(), cx))).await;
+            assert!(first.is_pending(), "the vote was answered while the writer was held");
+            store.poisoned.store(true, Ordering::SeqCst);
+            release.send(()).unwrap();
+            holding.await.unwrap().unwrap();
+            assert!(saved.await.is_err(), "a vote after a failure was saved");
+            let crashed = disk.crash(0);
+            drop(store);
+            let mut log = LogStore::new(NodeStore::open_on_disk(&crashed, 1 << 20).unwrap(), "g".to_string());
+            assert_eq!(log.read_vote().await.unwrap(), None, "a vote after a failure reached the disk");
+        });
     }
 
     #[test]
