@@ -95,11 +95,15 @@ pub enum Bug {
     /// member its stale state says holds the partition, after a newer
     /// generation claimed it at the new leader (G5).
     PollWithoutReadIndex,
+    /// A node's store does not replay the votes of its segment log after a
+    /// crash: a vote saved since the last checkpoint is lost at a power
+    /// cut, and the node may vote twice in one term (G1 at the cut).
+    VotesNotReplayed,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 23] = [
+    pub const ALL: [Bug; 24] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -123,6 +127,7 @@ impl Bug {
         Bug::CommitAtHighWatermark,
         Bug::DuplicateAnswersNewest,
         Bug::PollWithoutReadIndex,
+        Bug::VotesNotReplayed,
     ];
 
     /// The name used on the command line.
@@ -151,6 +156,7 @@ impl Bug {
             Bug::CommitAtHighWatermark => "commit-at-high-watermark",
             Bug::DuplicateAnswersNewest => "duplicate-answers-newest",
             Bug::PollWithoutReadIndex => "poll-without-read-index",
+            Bug::VotesNotReplayed => "votes-not-replayed",
         }
     }
 }

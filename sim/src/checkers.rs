@@ -584,14 +584,14 @@ fn node_failures(events: &[Event], findings: &mut Findings) {
             }
             EventKind::PowerCut { broker, lost, .. } => {
                 for lost in lost {
-                    findings.add(Guarantee::G1, format!("broker {broker} lost an entry it reported persisted: {lost}"));
+                    findings.add(Guarantee::G1, format!("broker {broker} lost what it reported durable: {lost}"));
                 }
             }
             EventKind::Killed { broker, lost, .. } => {
                 for lost in lost {
                     findings.add(
                         Guarantee::G1,
-                        format!("broker {broker}, killed after its disk filled, never wrote an entry it reported persisted: {lost}"),
+                        format!("broker {broker}, killed after its disk filled, never wrote what it reported durable: {lost}"),
                     );
                 }
             }

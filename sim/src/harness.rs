@@ -109,6 +109,7 @@ impl Plant {
             Plant::Bug(Bug::CommitAtHighWatermark) => G4,
             Plant::Bug(Bug::DuplicateAnswersNewest) => G1,
             Plant::Bug(Bug::PollWithoutReadIndex) => G5,
+            Plant::Bug(Bug::VotesNotReplayed) => G1,
         }
     }
 
@@ -120,7 +121,9 @@ impl Plant {
             Plant::Bug(Bug::ConsumerNoOrderFilter) => &[FaultKind::LeaderCrash],
             Plant::Bug(Bug::CommitWithoutFence) => &[FaultKind::ConsumerPause],
             Plant::Bug(Bug::NeverExpireMembers) => &[FaultKind::ConsumerCrash],
-            Plant::Bug(Bug::PersistedBeforeSync) => &[FaultKind::Crash, FaultKind::PowerLossMidWrite],
+            Plant::Bug(Bug::PersistedBeforeSync) | Plant::Bug(Bug::VotesNotReplayed) => {
+                &[FaultKind::Crash, FaultKind::PowerLossMidWrite]
+            }
             Plant::Bug(Bug::SnapshotDropsLastRecord) => &[FaultKind::PartitionMinority, FaultKind::Crash],
             Plant::Bug(Bug::RefuseProducesAfterFailover) => &[FaultKind::LeaderCrash],
             Plant::Bug(Bug::WriteErrorsIgnored) => &[FaultKind::DiskFull],
@@ -1348,11 +1351,16 @@ fn power_cut(world: &World, broker: &SimBroker, seed: u64) {
         *disk = image.crash(0);
         image.crash(1)
     };
-    let marks = broker.store.lock().expect("store slot").take().map(|s| s.ledger().persisted_marks());
+    let marks = broker
+        .store
+        .lock()
+        .expect("store slot")
+        .take()
+        .map(|s| (s.ledger().persisted_marks(), s.ledger().saved_votes()));
     handle.kill(broker.host);
     *broker.node.lock().expect("node slot") = None;
-    if let Some(marks) = marks {
-        let lost = persisted_but_lost(kept, &marks);
+    if let Some((marks, votes)) = marks {
+        let lost = persisted_but_lost(kept, &marks, &votes);
         world.record(
             &format!("broker-{}", broker.id),
             EventKind::PowerCut { broker: broker.id, groups: marks.len() as u64, lost },
@@ -1384,10 +1392,15 @@ async fn restart_after_disk_fault(handle: &Handle, broker: &SimBroker, rng: &mut
 /// store that reports what it never wrote). A restart that trusts
 /// unsynced bytes shows only at a later power cut.
 fn kill_and_check(world: &World, broker: &SimBroker) {
-    let marks = broker.store.lock().expect("store slot").as_ref().map(|s| s.ledger().persisted_marks());
+    let marks = broker
+        .store
+        .lock()
+        .expect("store slot")
+        .as_ref()
+        .map(|s| (s.ledger().persisted_marks(), s.ledger().saved_votes()));
     let written = process_kill(broker);
-    if let Some(marks) = marks {
-        let lost = persisted_but_lost(written, &marks);
+    if let Some((marks, votes)) = marks {
+        let lost = persisted_but_lost(written, &marks, &votes);
         world.record(
             &format!("broker-{}", broker.id),
             EventKind::Killed { broker: broker.id, groups: marks.len() as u64, lost },
@@ -1417,9 +1430,14 @@ fn process_kill(broker: &SimBroker) -> NodeDisk {
 }
 
 /// The groups whose entry the broker reported persisted is not in its
-/// durable image (neither at its index nor purged behind a snapshot).
-fn persisted_but_lost(image: NodeDisk, marks: &BTreeMap<String, PersistedMark>) -> Vec<String> {
-    if marks.is_empty() {
+/// durable image (neither at its index nor purged behind a snapshot), or
+/// whose saved vote the image holds no vote as new as.
+fn persisted_but_lost(
+    image: NodeDisk,
+    marks: &BTreeMap<String, PersistedMark>,
+    votes: &BTreeMap<String, keel_server::raft::types::Vote>,
+) -> Vec<String> {
+    if marks.is_empty() && votes.is_empty() {
         return Vec::new();
     }
     let opened = std::panic::catch_unwind(AssertUnwindSafe(|| open_store(&image)));
@@ -1453,6 +1471,16 @@ fn persisted_but_lost(image: NodeDisk, marks: &BTreeMap<String, PersistedMark>) 
                 mark.index,
                 purged.map_or_else(|| "none".to_string(), |p| p.to_string()),
             ));
+        }
+    }
+    for (group, vote) in votes {
+        match store.saved_vote(group) {
+            Ok(Some(held)) if held >= *vote => {}
+            Ok(held) => lost.push(format!(
+                "group {group}: saved vote {vote}, but the durable image holds {}",
+                held.map_or_else(|| "none".to_string(), |v| v.to_string())
+            )),
+            Err(error) => lost.push(format!("group {group}: the durable image's vote does not read: {error}")),
         }
     }
     store.close();

@@ -1,9 +1,10 @@
 //! What a node has told Raft about its own disk: per group, the last log
-//! entry it reported persisted, and how many snapshots it built and
-//! installed. The simulation reads the marks at a power cut and checks the
-//! disk's durable image against them (G1 at every cut: a node must never
-//! report an entry persisted that a power cut can take away); the metrics
-//! endpoint shows the snapshot counts.
+//! entry it reported persisted and the last vote it saved, and how many
+//! snapshots it built and installed. The simulation reads the marks at a
+//! power cut and checks the disk's durable image against them (G1 at every
+//! cut: a node must never report an entry persisted, or a vote saved, that
+//! a power cut can take away); the metrics endpoint shows the snapshot
+//! counts.
 //!
 //! The writer updates the marks in the order of its jobs, after the sync of
 //! the segment log that made a report true: a report raises a group's mark,
@@ -13,7 +14,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use crate::raft::types::LogId;
+use crate::raft::types::{LogId, Vote};
 
 /// The newest entry of one group this node reported persisted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,12 +35,15 @@ pub(crate) enum MarkChange {
     Truncated(String, u64),
     /// The group's rows were deleted (its replica left this broker).
     Forgotten(String),
+    /// The group's vote was saved.
+    Voted(String, Vote),
 }
 
 /// A node's persisted marks and snapshot counts.
 #[derive(Debug, Default)]
 pub struct Ledger {
     marks: Mutex<BTreeMap<String, PersistedMark>>,
+    votes: Mutex<BTreeMap<String, Vote>>,
     snapshots_built: AtomicU64,
     snapshots_installed: AtomicU64,
 }
@@ -65,9 +69,18 @@ impl Ledger {
                 }
             }
             MarkChange::Forgotten(group) => {
+                self.votes.lock().expect("saved votes").remove(&group);
                 marks.remove(&group);
             }
+            MarkChange::Voted(group, vote) => {
+                self.votes.lock().expect("saved votes").insert(group, vote);
+            }
         }
+    }
+
+    /// Every group's last saved vote, by group key.
+    pub fn saved_votes(&self) -> BTreeMap<String, Vote> {
+        self.votes.lock().expect("saved votes").clone()
     }
 
     /// Every group's mark, by group key.
@@ -112,5 +125,16 @@ mod tests {
         ledger.apply(MarkChange::Reported("g".into(), log_id(2, 8)));
         ledger.apply(MarkChange::Forgotten("g".into()));
         assert!(ledger.persisted_marks().is_empty());
+    }
+
+    #[test]
+    fn a_saved_vote_is_kept_until_its_group_is_forgotten() {
+        let ledger = Ledger::default();
+        ledger.apply(MarkChange::Voted("g".into(), Vote::new(2, 1)));
+        ledger.apply(MarkChange::Voted("g".into(), Vote::new_committed(3, 2)));
+        ledger.apply(MarkChange::Truncated("g".into(), 0));
+        assert_eq!(ledger.saved_votes()["g"], Vote::new_committed(3, 2));
+        ledger.apply(MarkChange::Forgotten("g".into()));
+        assert!(ledger.saved_votes().is_empty());
     }
 }

@@ -194,9 +194,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // durable too: the vendored openraft relies on that
         // when a leader that replicated entries before flushing them steps
         // down (vendor/README.md).
-        let bytes = postcard::to_stdvec(vote).map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e.into()))?;
         self.store
-            .save_vote(self.group.clone(), bytes)
+            .save_vote(self.group.clone(), *vote)
             .await
             .map_err(|e| io_error(ErrorSubject::Vote, ErrorVerb::Write, e))
     }

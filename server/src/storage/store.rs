@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::ledger::{Ledger, MarkChange};
 use super::log_rows::{self, SEGMENT_LIVE};
 use super::segments::{DirectoryDisk, Location, Pin, Position, SegmentDisk, SegmentError, SegmentLog, SegmentReader};
-use crate::raft::types::{LogId, TypeConfig};
+use crate::raft::types::{LogId, TypeConfig, Vote};
 
 /// Raft log entries: (group key, log index) -> postcard(LogRow), where the
 /// entry's frame is in the segment log.
@@ -187,9 +187,9 @@ enum Job {
     /// Delete `group`'s entries from index `from` on: a frame, then the
     /// rows; answered once committed.
     Truncate { group: String, from: u64, done: oneshot::Sender<Result<(), StoreError>> },
-    /// Save `group`'s Raft vote (postcard(Vote)): a frame, synced in this
-    /// batch, then the `RAFT_META` row; answered once committed.
-    Vote { group: String, vote: Vec<u8>, done: oneshot::Sender<Result<(), StoreError>> },
+    /// Save `group`'s Raft vote: a frame, synced in this batch, then the
+    /// `RAFT_META` row; answered once committed.
+    Vote { group: String, vote: Vote, done: oneshot::Sender<Result<(), StoreError>> },
     /// Tell openraft these log entries (up to `last`, of `group`) are
     /// persisted once the segment log's next sync covers their frames.
     Persisted { callback: LogFlushed<TypeConfig>, group: String, last: LogId },
@@ -387,6 +387,15 @@ impl NodeStore {
         })
     }
 
+    /// The vote `group` saved, as its row holds it (for the simulation's
+    /// check at a power cut).
+    pub fn saved_vote(&self, group: &str) -> Result<Option<Vote>, StoreError> {
+        self.read(|txn| match txn.open_table(RAFT_META)?.get((group, VOTE))? {
+            Some(value) => Ok(Some(postcard::from_bytes(value.value())?)),
+            None => Ok(None),
+        })
+    }
+
     pub(crate) fn db(&self) -> Result<Arc<Database>, StoreError> {
         if self.poisoned.load(Ordering::SeqCst) {
             return Err(StoreError::Poisoned);
@@ -470,12 +479,12 @@ impl NodeStore {
         Ok(())
     }
 
-    /// Save `group`'s Raft vote (postcard(Vote)) durably: its frame is
+    /// Save `group`'s Raft vote durably: its frame is
     /// synced in the writer's next batch (one `fdatasync` shared with the
     /// batch's appends, not a durable redb commit) and its `RAFT_META` row
     /// committed there; a restart replays the frame if that commit was
     /// lost. The sync also makes every frame queued before it durable.
-    pub(crate) async fn save_vote(&self, group: String, vote: Vec<u8>) -> Result<(), StoreError> {
+    pub(crate) async fn save_vote(&self, group: String, vote: Vote) -> Result<(), StoreError> {
         self.db()?;
         let (done, answer) = oneshot::channel();
         self.jobs.send(Job::Vote { group, vote, done }).map_err(|_| StoreError::Closed)?;
@@ -770,11 +779,21 @@ impl Writer {
                     }));
                 }
                 Job::Vote { group, vote, done } => {
-                    if framed.is_ok() {
-                        framed = self.append_frame(&Frame::Vote { group: &group, vote: &vote }).map(|_| ());
-                    }
+                    let bytes = postcard::to_stdvec(&vote).map_err(StoreError::from);
+                    let bytes = match (&framed, bytes) {
+                        (Ok(()), Ok(bytes)) => {
+                            framed = self.append_frame(&Frame::Vote { group: &group, vote: &bytes }).map(|_| ());
+                            bytes
+                        }
+                        (Ok(()), Err(error)) => {
+                            framed = Err(error);
+                            Vec::new()
+                        }
+                        (Err(_), _) => Vec::new(),
+                    };
                     voted = true;
-                    steps.push(Step::Vote(group, vote));
+                    marks.push(MarkChange::Voted(group.clone(), vote));
+                    steps.push(Step::Vote(group, bytes));
                     after_commit.push(Box::new(move |outcome| {
                         let _ = done.send(outcome.as_ref().map(|_| ()).map_err(|e| StoreError::Failed(e.to_string())));
                     }));
@@ -818,7 +837,7 @@ impl Writer {
         // truncation behind it, leaves the mark lowered).
         let reported = logged.is_ok();
         for change in marks {
-            if reported || !matches!(change, MarkChange::Reported(..)) {
+            if reported || !matches!(change, MarkChange::Reported(..) | MarkChange::Voted(..)) {
                 self.ledger.apply(change);
             }
         }
@@ -1160,6 +1179,10 @@ fn forget_lost_and_replay(
             }
             Frame::Truncate { group, from } => log_rows::delete_rows(txn, group, from..u64::MAX)?,
             Frame::Vote { group, vote } => {
+                #[cfg(madsim)]
+                if keel_core::planted::is_planted(keel_core::planted::Bug::VotesNotReplayed) {
+                    continue;
+                }
                 txn.open_table(RAFT_META)?.insert((group, VOTE), vote)?;
             }
         }

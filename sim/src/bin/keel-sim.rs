@@ -70,7 +70,7 @@ mod cli {
         /// range-drops-last-partition, reset-answered-not-applied,
         /// read-skips-first-record, empty-batch-applied, poll-without-fence,
         /// commit-at-high-watermark, duplicate-answers-newest,
-        /// poll-without-read-index, state-across-runs (caught only with
+        /// poll-without-read-index, votes-not-replayed, state-across-runs (caught only with
         /// --check-determinism).
         #[arg(long)]
         plant: Option<String>,
