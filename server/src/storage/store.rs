@@ -586,11 +586,13 @@ impl NodeStore {
 
     /// Delete every row of a group: its log, vote and Raft bookkeeping, its
     /// state machine, record index, records and snapshots. For a group whose topic was
-    /// deleted, after its Raft has stopped.
+    /// deleted, after its Raft has stopped. Durably (a checkpoint): a crash
+    /// must not replay the group's frames into rows again, which would
+    /// keep its segments live for good.
     pub async fn remove_group(&self, group: &str) -> Result<(), StoreError> {
         self.mark(MarkChange::Forgotten(group.to_string()));
         let group = group.to_string();
-        self.write(false, move |txn| {
+        self.write(true, move |txn| {
             let key = group.as_str();
             log_rows::delete_rows(txn, key, 0..u64::MAX)?;
             txn.open_table(RECORDS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
@@ -1380,6 +1382,27 @@ mod tests {
             drop(store);
             let mut log = LogStore::new(NodeStore::open_on_disk(&crashed, 1 << 20).unwrap(), "g".to_string());
             assert_eq!(log.read_vote().await.unwrap(), None, "a vote after a failure reached the disk");
+        });
+    }
+
+    /// A removed group stays removed through a power cut: its frames are
+    /// not replayed into rows again.
+    #[test]
+    fn a_removed_group_does_not_come_back_after_power_loss() {
+        runtime().block_on(async {
+            let disk = NodeDisk::new();
+            let store = NodeStore::open_on_disk(&disk, 1 << 20).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            log.blocking_append([entry(1), entry(2)]).await.unwrap();
+            log.save_vote(&crate::raft::types::Vote::new(3, 2)).await.unwrap();
+            store.remove_group("g").await.unwrap();
+            let crashed = disk.crash(0);
+            drop(log);
+            drop(store);
+            let store = NodeStore::open_on_disk(&crashed, 1 << 20).unwrap();
+            assert_eq!(store.log_entry_at("g", 1).unwrap().0, None, "a removed group's entry came back");
+            assert_eq!(store.saved_vote("g").unwrap(), None, "a removed group's vote came back");
+            assert_eq!(store.log_usage().live_bytes, 0);
         });
     }
 
