@@ -30,7 +30,7 @@ use keel_core::{PartitionIndex, TopicName, TopicPartition};
 use keel_server::clock::{Clock, Skew};
 use keel_server::group::GroupId;
 use keel_server::node::{Node, NodeConfig};
-use keel_server::raft::types::{Command, Response as Applied};
+use keel_server::raft::types::{Command, Response as Applied, Vote};
 use keel_server::storage::crash_disk::NodeDisk;
 use keel_server::storage::{NodeStore, PersistedMark};
 use madsim::net::NetSim;
@@ -1351,12 +1351,7 @@ fn power_cut(world: &World, broker: &SimBroker, seed: u64) {
         *disk = image.crash(0);
         image.crash(1)
     };
-    let marks = broker
-        .store
-        .lock()
-        .expect("store slot")
-        .take()
-        .map(|s| (s.ledger().persisted_marks(), s.ledger().saved_votes()));
+    let marks = broker.store.lock().expect("store slot").take().map(|s| reported_durable(&s));
     handle.kill(broker.host);
     *broker.node.lock().expect("node slot") = None;
     if let Some((marks, votes)) = marks {
@@ -1392,12 +1387,7 @@ async fn restart_after_disk_fault(handle: &Handle, broker: &SimBroker, rng: &mut
 /// store that reports what it never wrote). A restart that trusts
 /// unsynced bytes shows only at a later power cut.
 fn kill_and_check(world: &World, broker: &SimBroker) {
-    let marks = broker
-        .store
-        .lock()
-        .expect("store slot")
-        .as_ref()
-        .map(|s| (s.ledger().persisted_marks(), s.ledger().saved_votes()));
+    let marks = broker.store.lock().expect("store slot").as_deref().map(reported_durable);
     let written = process_kill(broker);
     if let Some((marks, votes)) = marks {
         let lost = persisted_but_lost(written, &marks, &votes);
@@ -1429,13 +1419,19 @@ fn process_kill(broker: &SimBroker) -> NodeDisk {
     written
 }
 
+/// What a store told Raft is durable: each group's entries reported
+/// persisted and its last saved vote.
+fn reported_durable(store: &NodeStore) -> (BTreeMap<String, PersistedMark>, BTreeMap<String, Vote>) {
+    (store.ledger().persisted_marks(), store.ledger().saved_votes())
+}
+
 /// The groups whose entry the broker reported persisted is not in its
 /// durable image (neither at its index nor purged behind a snapshot), or
 /// whose saved vote the image holds no vote as new as.
 fn persisted_but_lost(
     image: NodeDisk,
     marks: &BTreeMap<String, PersistedMark>,
-    votes: &BTreeMap<String, keel_server::raft::types::Vote>,
+    votes: &BTreeMap<String, Vote>,
 ) -> Vec<String> {
     if marks.is_empty() && votes.is_empty() {
         return Vec::new();

@@ -1268,6 +1268,49 @@ mod tests {
         Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
     }
 
+    /// The store's writer held inside a batch (a write that waits), so that
+    /// jobs queue up behind it.
+    struct HeldWriter {
+        store: Arc<NodeStore>,
+        release: std::sync::mpsc::Sender<()>,
+        holding: tokio::task::JoinHandle<Result<(), StoreError>>,
+    }
+
+    impl HeldWriter {
+        /// Hold the writer; returns once it is inside the batch. Needs a
+        /// runtime with a worker thread (the writer blocks it).
+        async fn hold(store: &Arc<NodeStore>) -> HeldWriter {
+            let (started, running) = std::sync::mpsc::channel();
+            let (release, held) = std::sync::mpsc::channel::<()>();
+            let holding = {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    store
+                        .write(false, move |_txn| {
+                            started.send(()).unwrap();
+                            held.recv().unwrap();
+                            Ok(())
+                        })
+                        .await
+                })
+            };
+            tokio::task::spawn_blocking(move || running.recv().unwrap()).await.unwrap();
+            HeldWriter { store: store.clone(), release, holding }
+        }
+
+        /// Poison the store (as a failed batch does), then let the writer go on.
+        async fn poison_and_release(self) {
+            self.store.poisoned.store(true, Ordering::SeqCst);
+            self.release.send(()).unwrap();
+            self.holding.await.unwrap().unwrap();
+        }
+    }
+
+    /// Poll `future` once (queueing what it sends) and say whether it is done.
+    async fn poll_once<F: std::future::Future>(mut future: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+        std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
     }
@@ -1287,30 +1330,14 @@ mod tests {
             log.blocking_append([entry(1)]).await.unwrap();
             // Hold the writer inside a batch while an append queues up
             // behind it, then poison the store and let the writer go on.
-            let (started, running) = std::sync::mpsc::channel();
-            let (release, held) = std::sync::mpsc::channel::<()>();
-            let holding = {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    store
-                        .write(false, move |_txn| {
-                            started.send(()).unwrap();
-                            held.recv().unwrap();
-                            Ok(())
-                        })
-                        .await
-                })
-            };
-            tokio::task::spawn_blocking(move || running.recv().unwrap()).await.unwrap();
+            let held = HeldWriter::hold(&store).await;
             // Polled once, the append is queued (and waits for its report).
             let mut appended = std::pin::pin!(log.blocking_append([entry(2)]));
-            let first =
-                std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(appended.as_mut(), cx)))
-                    .await;
-            assert!(first.is_pending(), "the append was answered while the writer was held");
-            store.poisoned.store(true, Ordering::SeqCst);
-            release.send(()).unwrap();
-            holding.await.unwrap().unwrap();
+            assert!(
+                poll_once(appended.as_mut()).await.is_pending(),
+                "the append was answered while the writer was held"
+            );
+            held.poison_and_release().await;
             let reported = appended.await;
             assert!(reported.is_err(), "an append after a failure was reported persisted: {reported:?}");
         });
@@ -1354,29 +1381,11 @@ mod tests {
             let mut log = LogStore::new(store.clone(), "g".to_string());
             // Hold the writer inside a batch while the vote queues up
             // behind it, then poison the store and let the writer go on.
-            let (started, running) = std::sync::mpsc::channel();
-            let (release, held) = std::sync::mpsc::channel::<()>();
-            let holding = {
-                let store = store.clone();
-                tokio::spawn(async move {
-                    store
-                        .write(false, move |_txn| {
-                            started.send(()).unwrap();
-                            held.recv().unwrap();
-                            Ok(())
-                        })
-                        .await
-                })
-            };
-            tokio::task::spawn_blocking(move || running.recv().unwrap()).await.unwrap();
+            let held = HeldWriter::hold(&store).await;
             let vote = crate::raft::types::Vote::new(3, 2);
             let mut saved = std::pin::pin!(log.save_vote(&vote));
-            let first =
-                std::future::poll_fn(|cx| std::task::Poll::Ready(std::future::Future::poll(saved.as_mut(), cx))).await;
-            assert!(first.is_pending(), "the vote was answered while the writer was held");
-            store.poisoned.store(true, Ordering::SeqCst);
-            release.send(()).unwrap();
-            holding.await.unwrap().unwrap();
+            assert!(poll_once(saved.as_mut()).await.is_pending(), "the vote was answered while the writer was held");
+            held.poison_and_release().await;
             assert!(saved.await.is_err(), "a vote after a failure was saved");
             let crashed = disk.crash(0);
             drop(store);
