@@ -187,9 +187,9 @@ enum Job {
     /// Delete `group`'s entries from index `from` on: a frame, then the
     /// rows; answered once committed.
     Truncate { group: String, from: u64, done: oneshot::Sender<Result<(), StoreError>> },
-    /// Save `group`'s Raft vote: a frame, synced in this batch, then the
-    /// `RAFT_META` row; answered once committed.
-    Vote { group: String, vote: Vote, done: oneshot::Sender<Result<(), StoreError>> },
+    /// Save `group`'s Raft vote (`bytes`: postcard(vote)): a frame, synced
+    /// in this batch, then the `RAFT_META` row; answered once committed.
+    Vote { group: String, vote: Vote, bytes: Vec<u8>, done: oneshot::Sender<Result<(), StoreError>> },
     /// Tell openraft these log entries (up to `last`, of `group`) are
     /// persisted once the segment log's next sync covers their frames.
     Persisted { callback: LogFlushed<TypeConfig>, group: String, last: LogId },
@@ -486,8 +486,9 @@ impl NodeStore {
     /// lost. The sync also makes every frame queued before it durable.
     pub(crate) async fn save_vote(&self, group: String, vote: Vote) -> Result<(), StoreError> {
         self.db()?;
+        let bytes = postcard::to_stdvec(&vote)?;
         let (done, answer) = oneshot::channel();
-        self.jobs.send(Job::Vote { group, vote, done }).map_err(|_| StoreError::Closed)?;
+        self.jobs.send(Job::Vote { group, vote, bytes, done }).map_err(|_| StoreError::Closed)?;
         answer.await.unwrap_or(Err(StoreError::Poisoned))
     }
 
@@ -780,19 +781,10 @@ impl Writer {
                         let _ = done.send(outcome.as_ref().map(|_| ()).map_err(|e| StoreError::Failed(e.to_string())));
                     }));
                 }
-                Job::Vote { group, vote, done } => {
-                    let bytes = postcard::to_stdvec(&vote).map_err(StoreError::from);
-                    let bytes = match (&framed, bytes) {
-                        (Ok(()), Ok(bytes)) => {
-                            framed = self.append_frame(&Frame::Vote { group: &group, vote: &bytes }).map(|_| ());
-                            bytes
-                        }
-                        (Ok(()), Err(error)) => {
-                            framed = Err(error);
-                            Vec::new()
-                        }
-                        (Err(_), _) => Vec::new(),
-                    };
+                Job::Vote { group, vote, bytes, done } => {
+                    if framed.is_ok() {
+                        framed = self.append_frame(&Frame::Vote { group: &group, vote: &bytes }).map(|_| ());
+                    }
                     voted = true;
                     marks.push(MarkChange::Voted(group.clone(), vote));
                     steps.push(Step::Vote(group, bytes));
