@@ -8,6 +8,11 @@ fn main() {
     println!("seeds bench: simulation build only; run `cargo sim-bench`");
 }
 
+/// The same allocator as `keel-sim`'s (see there).
+#[cfg(madsim)]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[cfg(madsim)]
 fn main() {
     use keel_sim::harness::{run_seed, RunOptions};
