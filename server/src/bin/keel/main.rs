@@ -15,6 +15,12 @@ use keel_server::node::{Node, NodeConfig};
 use keel_server::storage::NodeStore;
 use serde::{Deserialize, Serialize};
 
+/// mimalloc rather than glibc's malloc: a broker allocates and frees at a
+/// high rate (requests, entries, futures).
+#[cfg(not(madsim))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod access;
 mod bench;
 mod cert;
