@@ -433,6 +433,55 @@ async fn a_follower_back_after_a_stop_settles_without_an_election() {
     cluster.shutdown().await;
 }
 
+/// A follower that cannot match its leader's quiet listing of a group (it
+/// does not know that leader, or has not applied the whole log) asks the
+/// leader, in its own liveness report, to wake the group, so that heartbeats
+/// tell it what it is missing; before, it waited for its patience to run out
+/// and stood for election. Here a report forged in the leader's name lists
+/// the group with an index the follower does not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_cannot_match_a_quiet_listing_asks_its_leader_to_wake_the_group() {
+    use keel_server::raft::network::{ClusterIdentity, Liveness, Peers, QuietGroup};
+    let dir = TempDir::new().unwrap();
+    let (mut cluster, _partition, group) = cluster_with_topic(&dir, "asks", |_| {}, RetentionPolicy::default()).await;
+    let quiet = |c: &LocalCluster| quiet_groups(c) == (2, 4);
+    cluster.eventually("quiet", DEADLINE, quiet).await.unwrap();
+    let leader = leader_of(&cluster, &group).expect("a leader");
+    let follower = cluster.node((1..=3).find(|id| *id != leader).unwrap()).unwrap();
+    let raft = cluster.node(leader).unwrap().raft(&group).unwrap();
+    let (term, last_index) = {
+        let metrics = raft.metrics();
+        let m = metrics.borrow();
+        (m.current_term, m.last_log_index.expect("entries"))
+    };
+    let led_quiet = |c: &LocalCluster| c.node(leader).unwrap().quiet_counts().led;
+    let before = led_quiet(&cluster);
+    let config = follower.config();
+    let forger = Peers::new(ClusterIdentity { cluster_id: config.cluster_id, secret: config.cluster_secret.clone() });
+    let report = Liveness {
+        broker: leader,
+        quiet: vec![QuietGroup { group: group.key(), term, last_index: Some(last_index + 1) }],
+        wake: Vec::new(),
+    };
+    // Sent again and again: the leader's own reports, every 250 ms, list the
+    // group as the follower has it, and the follower asks only while the
+    // last report it took from the leader is one it cannot match.
+    let asked = tokio::time::Instant::now();
+    while led_quiet(&cluster) == before {
+        assert!(asked.elapsed() < DEADLINE, "the leader never woke the group the follower asked it to");
+        forger
+            .liveness(leader, &config.internal_advertised, &report, Duration::from_secs(1))
+            .await
+            .expect("the follower takes the report");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Once asked no more, it goes quiet again, with no election.
+    cluster.eventually("quiet again", DEADLINE, quiet).await.unwrap();
+    assert_eq!(leader_of(&cluster, &group), Some(leader), "the leader kept its lead");
+    assert_eq!(raft.metrics().borrow().current_term, term, "no election");
+    cluster.shutdown().await;
+}
+
 /// A broker whose metadata group has stopped (a storage error stops its
 /// Raft core) cannot tell whether it was ever a member: its join is refused,
 /// saying what to do, rather than sent as a new broker's (which a cluster

@@ -15,7 +15,10 @@
 //! one message per broker pair, whatever the
 //! number of groups. A follower that finds the group listed by the leader
 //! it follows, with its own term and last log index, stops the group's
-//! election timer.
+//! election timer. One that cannot match the listing (it does not know its
+//! leader, or has not applied the whole log: restarted, say) asks for the
+//! group in its next report to that broker, which wakes it for
+//! [`ASKED_WAKE`]: heartbeats then tell the follower what it is missing.
 //!
 //! Failure detection moves from the group to the broker: a follower that
 //! has neither heard its quiet leader's broker (a liveness report or any
@@ -81,6 +84,10 @@ pub const LIVENESS_TIMEOUT: Duration = Duration::from_millis(800);
 /// `waves::FOLLOWER_PATIENCE`, runs out). Its broker may be heard before it
 /// has started all its groups, so a second of heartbeats is not enough.
 pub const REJOIN_WAKE: Duration = Duration::from_secs(5);
+/// How long a quiet group stays awake when a follower asks it to wake
+/// (`Liveness::wake`): a few heartbeats' worth, enough to tell the follower
+/// its leader and what committed.
+pub const ASKED_WAKE: Duration = Duration::from_millis(500);
 /// How long past a silent peer's time the round that gives it up runs.
 const GIVE_UP_MARGIN: Duration = Duration::from_millis(1);
 /// How long one liveness call may take.
@@ -98,6 +105,10 @@ pub(super) struct Quiescence {
     heard: Mutex<BTreeMap<NodeId, Instant>>,
     /// Peers with a liveness call in flight (at most one each).
     sending: Mutex<BTreeSet<NodeId>>,
+    /// By peer: groups its last report listed quiet that this replica
+    /// follows but cannot match, for this broker's next report to it to
+    /// ask it to wake (`Liveness::wake`).
+    asking: Mutex<BTreeMap<NodeId, Vec<String>>>,
     /// How late this broker's own rounds ran lately.
     lateness: Mutex<Lateness>,
     /// Peers found unheard at the last round (for the log).
@@ -354,7 +365,8 @@ impl Node {
             if *peer == me || !self.inner.quiet.sending.lock().expect("sending").insert(*peer) {
                 continue;
             }
-            let report = Liveness { broker: me, quiet: reports.remove(peer).unwrap_or_default() };
+            let wake = self.inner.quiet.asking.lock().expect("asking").remove(peer).unwrap_or_default();
+            let report = Liveness { broker: me, quiet: reports.remove(peer).unwrap_or_default(), wake };
             let (node, peer, address) = (self.clone(), *peer, broker.internal_address.clone());
             self.spawn(async move {
                 // Bounded here: a call on a connection dead without knowing
@@ -383,11 +395,16 @@ impl Node {
             .into_iter()
             .filter_map(|q| GroupId::parse(&q.group).ok().filter(|g| *g != GroupId::Metadata).map(|g| (g, q)))
             .collect();
+        self.asked_to_wake(report.broker, &report.wake, now);
         let full_timeout = Duration::from_millis(self.inner.raft_config.election_timeout_max);
+        let mut unmatched = Vec::new();
         let mut following = quiet.following.lock().expect("following");
         for (group, q) in &listed {
             let Some(raft) = self.raft(group) else { continue };
             let matches = FollowerView::of(&raft.metrics().borrow()).may_go_quiet(report.broker, q);
+            if !matches {
+                unmatched.push(q.group.clone());
+            }
             match (matches, following.get_mut(group)) {
                 (true, Some(followed)) => {
                     *followed = Following { leader: report.broker, wake_at: None };
@@ -406,6 +423,34 @@ impl Node {
         for (group, followed) in following.iter_mut() {
             if followed.leader == report.broker && !listed.contains_key(group) {
                 followed.wake_at.get_or_insert(now + full_timeout);
+            }
+        }
+        drop(following);
+        // Replaced with each report: what the peer lists now is what counts.
+        let mut asking = quiet.asking.lock().expect("asking");
+        match unmatched.is_empty() {
+            true => asking.remove(&report.broker),
+            false => asking.insert(report.broker, unmatched),
+        };
+    }
+
+    /// `peer` follows the listed groups but could not match this broker's
+    /// quiet listing of them: those led here quiet wake for
+    /// [`ASKED_WAKE`] (from the next round), so that heartbeats tell the
+    /// follower its leader and what committed. (A follower that started its
+    /// groups after its broker was heard again, past [`REJOIN_WAKE`], got no
+    /// heartbeat, never matched, and stood for election once its patience
+    /// ran out.)
+    fn asked_to_wake(&self, peer: NodeId, groups: &[String], now: Instant) {
+        if groups.is_empty() {
+            return;
+        }
+        let mut led = self.inner.quiet.led.lock().expect("led");
+        for group in groups.iter().filter_map(|g| GroupId::parse(g).ok()) {
+            if let Some(entry) = led.get_mut(&group).filter(|l| l.quiet && l.voters.contains(&peer)) {
+                tracing::debug!(%group, peer, "a follower asks its quiet group to wake");
+                entry.awake_until =
+                    Some(entry.awake_until.map_or(now + ASKED_WAKE, |until| until.max(now + ASKED_WAKE)));
             }
         }
     }

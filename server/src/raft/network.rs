@@ -83,6 +83,33 @@ pub struct Liveness {
     pub broker: NodeId,
     /// Bounded by the groups placed on the sender.
     pub quiet: Vec<QuietGroup>,
+    /// Groups the recipient listed quiet in its last report that the
+    /// sender follows there but cannot match (it does not know the
+    /// recipient as its leader, or has not applied the whole log): the
+    /// recipient wakes them for a while, so that heartbeats tell the
+    /// follower what it is missing, rather than the follower standing for
+    /// election once its patience runs out. Bounded like `quiet`. (The
+    /// last field: a broker of the version before it decodes the report
+    /// without it.)
+    pub wake: Vec<String>,
+}
+
+/// A liveness report as a broker of the version before `Liveness::wake`
+/// sends it.
+#[derive(Serialize, Deserialize)]
+struct LivenessWithoutWake {
+    broker: NodeId,
+    quiet: Vec<QuietGroup>,
+}
+
+impl Liveness {
+    /// Decode a report, from a broker of this version or of the one before.
+    fn decode(payload: &[u8]) -> Result<Liveness, postcard::Error> {
+        postcard::from_bytes(payload).or_else(|_| {
+            let LivenessWithoutWake { broker, quiet } = postcard::from_bytes(payload)?;
+            Ok(Liveness { broker, quiet, wake: Vec::new() })
+        })
+    }
 }
 
 /// A group its leader let go quiet: in `term`, with `last_index` its last
@@ -1027,10 +1054,11 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         let certs = peer_certs(&request);
         let request = request.into_inner();
         self.authenticate(&request)?;
-        let report: Liveness = decode(&request)?;
+        let report = Liveness::decode(&request.payload)
+            .map_err(|e| tonic::Status::invalid_argument(format!("undecodable liveness report: {e}")))?;
         self.check_sender(&certs, Some(report.broker))?;
-        if report.quiet.len() > LIVENESS_GROUPS_MAX {
-            return Err(insane(&format!("liveness lists more than {LIVENESS_GROUPS_MAX} quiet groups")));
+        if report.quiet.len() > LIVENESS_GROUPS_MAX || report.wake.len() > LIVENESS_GROUPS_MAX {
+            return Err(insane(&format!("liveness lists more than {LIVENESS_GROUPS_MAX} groups")));
         }
         self.directory.liveness(report);
         reply(&())
@@ -1161,6 +1189,21 @@ mod tests {
         assert_eq!(peers.health().get(&2).map_or(0, |h| h.failed_calls), 0, "a busy call is not the peer's failure");
         held.pop();
         assert!(peers.admit(2, soon).await.is_ok(), "a permit freed is taken");
+    }
+
+    /// Brokers of this version and of the one before `Liveness::wake` read
+    /// each other's liveness reports (a rolling upgrade).
+    #[test]
+    fn liveness_reports_decode_across_the_version_that_added_wake() {
+        let quiet = vec![QuietGroup { group: "p/t/1/0".into(), term: 3, last_index: Some(9) }];
+        let old = postcard::to_stdvec(&LivenessWithoutWake { broker: 2, quiet: quiet.clone() }).unwrap();
+        assert_eq!(Liveness::decode(&old).unwrap(), Liveness { broker: 2, quiet: quiet.clone(), wake: Vec::new() });
+        let new = Liveness { broker: 2, quiet: quiet.clone(), wake: vec!["p/t/1/1".into()] };
+        let bytes = postcard::to_stdvec(&new).unwrap();
+        assert_eq!(Liveness::decode(&bytes).unwrap(), new);
+        // The older broker's decoder reads what it knows and ignores the rest.
+        let seen: LivenessWithoutWake = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!((seen.broker, seen.quiet), (2, quiet));
     }
 
     #[test]
