@@ -28,7 +28,8 @@ fn main() -> std::process::ExitCode {
 mod cli {
     use std::collections::BTreeMap;
     use std::path::PathBuf;
-    use std::process::{Child, Command, ExitCode, Stdio};
+    use std::process::{Child, ChildStdin, Command, ExitCode, Stdio};
+    use std::sync::mpsc;
     use std::time::{Duration, Instant};
 
     use clap::{Args, Parser, Subcommand};
@@ -60,6 +61,12 @@ mod cli {
         /// Sweep fresh seeds for a time budget, shrink every failure, and
         /// write one directory per failure and a summary.
         Campaign(CampaignArgs),
+        /// Run the seeds read from standard input, one per line, and print
+        /// each one's JSON summary line: a sweep's worker, which runs many
+        /// seeds in one process (a process per seed cost about a sixth of
+        /// a sweep's time in start-up and fresh pages).
+        #[command(hide = true)]
+        Worker(Common),
     }
 
     #[derive(Args, Clone)]
@@ -135,7 +142,8 @@ mod cli {
         /// explores fresh seeds; printed, so it can be repeated).
         #[arg(long)]
         from: Option<u64>,
-        /// Seeds run at once (each in its own process).
+        /// Seeds run at once (one worker process each, running seeds one
+        /// after another).
         #[arg(long, default_value_t = 2)]
         jobs: usize,
         /// Most runs each shrink spends.
@@ -160,7 +168,8 @@ mod cli {
         /// How many seeds.
         #[arg(long, default_value_t = 100)]
         count: u64,
-        /// Seeds run at once (each in its own process).
+        /// Seeds run at once (one worker process each, running seeds one
+        /// after another).
         #[arg(long, default_value_t = 2)]
         jobs: usize,
         /// Stop starting seeds after this many seconds.
@@ -456,21 +465,121 @@ mod cli {
         }
     }
 
-    fn spawn_seed(seed: u64, common: &Common) -> Result<Child, String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let mut command = Command::new(exe);
-        command.args(["run", "--seed", &seed.to_string(), "--json"]);
-        if common.all_faults {
-            command.arg("--all-faults");
+    /// A sweep's worker: runs each seed it reads, as `run --seed N --json`.
+    fn worker(common: Common) -> Result<bool, String> {
+        use std::io::{BufRead, Write};
+        for line in std::io::stdin().lock().lines() {
+            let line = line.map_err(|e| e.to_string())?;
+            let Ok(seed) = line.trim().parse::<u64>() else { continue };
+            let args = RunArgs {
+                seed: Some(seed),
+                scenario: None,
+                html: None,
+                check_determinism: false,
+                history: None,
+                json: true,
+                common: common.clone(),
+            };
+            run(args, false)?;
+            std::io::stdout().flush().map_err(|e| e.to_string())?;
         }
-        if let Some(plant) = &common.plant {
-            command.args(["--plant", plant]);
-        }
-        command.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().map_err(|e| e.to_string())
+        Ok(true)
     }
 
-    /// Run seeds `from..from + count`, `jobs` at a time, starting no seed
-    /// after `budget`; every seed's summary, by seed.
+    /// A worker process of a sweep, and the seed it is running.
+    struct Worker {
+        child: Child,
+        stdin: ChildStdin,
+        /// Its standard output, line by line (a thread reads it); closed
+        /// when the process ends.
+        lines: mpsc::Receiver<String>,
+        running: Option<(u64, Instant)>,
+    }
+
+    impl Worker {
+        fn spawn(common: &Common) -> Result<Worker, String> {
+            let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+            let mut command = Command::new(exe);
+            command.arg("worker");
+            if common.all_faults {
+                command.arg("--all-faults");
+            }
+            if let Some(plant) = &common.plant {
+                command.args(["--plant", plant]);
+            }
+            let mut child = command
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| e.to_string())?;
+            let stdin = child.stdin.take().ok_or("a worker without standard input")?;
+            let stdout = child.stdout.take().ok_or("a worker without standard output")?;
+            // At most one summary line waits per worker: it runs one seed
+            // at a time.
+            let (send, lines) = mpsc::sync_channel(1);
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if send.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            Ok(Worker { child, stdin, lines, running: None })
+        }
+
+        fn start(&mut self, seed: u64) -> Result<(), String> {
+            use std::io::Write;
+            writeln!(self.stdin, "{seed}").and_then(|()| self.stdin.flush()).map_err(|e| e.to_string())?;
+            self.running = Some((seed, Instant::now()));
+            Ok(())
+        }
+
+        fn stop(mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    /// What became of a worker's seed since the last look.
+    enum Outcome {
+        Running,
+        Done(Summary),
+        /// The process ended (a panic, an abort) or hung: it is replaced.
+        Lost(Summary),
+    }
+
+    fn look_at(worker: &mut Worker, seed: u64, since: Instant, seed_timeout_secs: u64) -> Outcome {
+        loop {
+            match worker.lines.try_recv() {
+                Ok(line) => match serde_json::from_str::<Summary>(&line) {
+                    Ok(summary) if summary.seed == seed => return Outcome::Done(summary),
+                    // Anything else the run printed.
+                    _ => continue,
+                },
+                Err(mpsc::TryRecvError::Empty) if since.elapsed() >= Duration::from_secs(seed_timeout_secs) => {
+                    return Outcome::Lost(Summary::failed(
+                        seed,
+                        format!(
+                            "L1 liveness: the run of seed {seed} did not finish within {seed_timeout_secs} wall s: simulated time stopped advancing"
+                        ),
+                    ))
+                }
+                Err(mpsc::TryRecvError::Empty) => return Outcome::Running,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    return Outcome::Lost(Summary::failed(
+                        seed,
+                        format!("G7 node failure: the run of seed {seed} crashed the process"),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Run seeds `from..from + count` on `jobs` worker processes, starting
+    /// no seed after `budget`; every seed's summary, by seed. A worker
+    /// whose seed crashes it or hangs is replaced.
     fn sweep_seeds(
         from: u64,
         count: u64,
@@ -483,50 +592,52 @@ mod cli {
         let started = Instant::now();
         let mut next = from;
         let end = from.saturating_add(count);
-        let mut running: Vec<(u64, Child, Instant)> = Vec::new();
+        let mut workers: Vec<Worker> = Vec::new();
         let mut done: Vec<Summary> = Vec::new();
         let mut last_progress = Instant::now();
         loop {
             let out_of_time = budget.is_some_and(|b| started.elapsed() >= b);
-            while running.len() < jobs.max(1) && next < end && !out_of_time {
-                running.push((next, spawn_seed(next, common)?, Instant::now()));
-                next += 1;
+            let more = |next: u64| next < end && !out_of_time;
+            while workers.len() < jobs.max(1) && more(next) {
+                workers.push(Worker::spawn(common)?);
             }
-            if running.is_empty() {
-                break;
-            }
-            let mut still = Vec::new();
-            for (seed, mut child, since) in running {
-                match child.try_wait().map_err(|e| e.to_string())? {
-                    None if since.elapsed() >= Duration::from_secs(seed_timeout_secs) => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        let violation = format!(
-                            "L1 liveness: the run of seed {seed} did not finish within {seed_timeout_secs} wall s: simulated time stopped advancing"
-                        );
-                        println!("seed {seed} FAILED: {violation}");
-                        println!("  replay: {}", replay_command(seed, common));
-                        done.push(Summary::failed(seed, violation));
-                    }
-                    None => still.push((seed, child, since)),
-                    Some(_) => {
-                        let output = child.wait_with_output().map_err(|e| e.to_string())?;
-                        let line = String::from_utf8_lossy(&output.stdout).lines().last().unwrap_or("").to_string();
-                        let summary = serde_json::from_str::<Summary>(&line).unwrap_or_else(|_| {
-                            Summary::failed(
-                                seed,
-                                format!("G7 node failure: the run of seed {seed} crashed the process"),
-                            )
-                        });
-                        if !summary.violations.is_empty() {
-                            println!("seed {seed} FAILED: {}", summary.violations.join("; "));
-                            println!("  replay: {}", replay_command(seed, common));
-                        }
-                        done.push(summary);
-                    }
+            for worker in workers.iter_mut().filter(|w| w.running.is_none()) {
+                if more(next) {
+                    worker.start(next)?;
+                    next += 1;
                 }
             }
-            running = still;
+            if workers.iter().all(|w| w.running.is_none()) {
+                break;
+            }
+            let mut kept = Vec::with_capacity(workers.len());
+            for mut worker in workers {
+                let Some((seed, since)) = worker.running else {
+                    kept.push(worker);
+                    continue;
+                };
+                let summary = match look_at(&mut worker, seed, since, seed_timeout_secs) {
+                    Outcome::Running => {
+                        kept.push(worker);
+                        continue;
+                    }
+                    Outcome::Done(summary) => {
+                        worker.running = None;
+                        kept.push(worker);
+                        summary
+                    }
+                    Outcome::Lost(summary) => {
+                        worker.stop();
+                        summary
+                    }
+                };
+                if !summary.violations.is_empty() {
+                    println!("seed {seed} FAILED: {}", summary.violations.join("; "));
+                    println!("  replay: {}", replay_command(seed, common));
+                }
+                done.push(summary);
+            }
+            workers = kept;
             if last_progress.elapsed() >= Duration::from_secs(10) {
                 last_progress = Instant::now();
                 let failing = done.iter().filter(|s| !s.violations.is_empty()).count();
@@ -538,7 +649,10 @@ mod cli {
                     started.elapsed().as_secs_f64()
                 );
             }
-            std::thread::sleep(Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for worker in workers {
+            worker.stop();
         }
         done.sort_by_key(|s| s.seed);
         Ok(done)
@@ -740,6 +854,7 @@ mod cli {
             SimCommand::Sweep(args) => sweep(args),
             SimCommand::Shrink(args) => shrink_command(args),
             SimCommand::Campaign(args) => campaign(args),
+            SimCommand::Worker(common) => worker(common),
         };
         match result {
             Ok(true) => ExitCode::SUCCESS,
