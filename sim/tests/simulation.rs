@@ -332,6 +332,30 @@ fn a_seed_replays_exactly_in_a_batch_and_in_another_process() {
     assert_eq!(summary["trace_hash"].as_u64(), Some(batch[0]), "seed 3 replayed differently in another process");
 }
 
+/// `keel-sim sweep` runs its seeds on worker processes, one seed after
+/// another each: a planted bug's failures are reported seed by seed, as a
+/// process per seed reported them.
+#[test]
+fn a_sweep_through_its_workers_reports_every_failing_seed() {
+    let dir = std::env::temp_dir().join(format!("keel-sim-sweep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_keel-sim"))
+        .args(["sweep", "--from", "0", "--count", "4", "--jobs", "2", "--plant", "lying-disk"])
+        .env("KEEL_SIM_LOG", "off")
+        // Failing runs write their histories under the working directory.
+        .current_dir(&dir)
+        .output()
+        .expect("run keel-sim");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(!output.status.success(), "a sweep with violations exits non-zero");
+    let summary = stdout.lines().find(|l| l.starts_with("summary: 4 seeds")).expect("a summary line");
+    assert!(summary.contains("violations in seeds [0, 1, 2, 3]"), "{summary}");
+    for seed in 0..4 {
+        assert!(dir.join(format!("keel-sim-failures/seed-{seed}.jsonl")).exists(), "seed {seed}'s history");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Seeds that replayed differently inside one process (5 of seeds 8-47
 /// with every fault kind, 2026-12-02, among them 12 and 24). openraft drew
 /// on tokio's thread RNG (a `select!` without `biased;`, several waiters on
