@@ -333,24 +333,26 @@ fn a_seed_replays_exactly_in_a_batch_and_in_another_process() {
 }
 
 /// `keel-sim sweep` runs its seeds on worker processes, one seed after
-/// another each: a planted bug's failures are reported seed by seed, as a
-/// process per seed reported them.
+/// another each, and replaces a worker after a few seeds (here two): a
+/// planted bug's failures are reported seed by seed, as a process per seed
+/// reported them.
 #[test]
 fn a_sweep_through_its_workers_reports_every_failing_seed() {
     let dir = std::env::temp_dir().join(format!("keel-sim-sweep-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_keel-sim"))
-        .args(["sweep", "--from", "0", "--count", "4", "--jobs", "2", "--plant", "lying-disk"])
+        .args(["sweep", "--from", "0", "--count", "6", "--jobs", "2", "--plant", "lying-disk"])
         .env("KEEL_SIM_LOG", "off")
+        .env("KEEL_SIM_SEEDS_PER_WORKER", "2")
         // Failing runs write their histories under the working directory.
         .current_dir(&dir)
         .output()
         .expect("run keel-sim");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(!output.status.success(), "a sweep with violations exits non-zero");
-    let summary = stdout.lines().find(|l| l.starts_with("summary: 4 seeds")).expect("a summary line");
-    assert!(summary.contains("violations in seeds [0, 1, 2, 3]"), "{summary}");
-    for seed in 0..4 {
+    let summary = stdout.lines().find(|l| l.starts_with("summary: 6 seeds")).expect("a summary line");
+    assert!(summary.contains("violations in seeds [0, 1, 2, 3, 4, 5]"), "{summary}");
+    for seed in 0..6 {
         assert!(dir.join(format!("keel-sim-failures/seed-{seed}.jsonl")).exists(), "seed {seed}'s history");
     }
     let _ = std::fs::remove_dir_all(&dir);

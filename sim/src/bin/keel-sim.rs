@@ -486,6 +486,23 @@ mod cli {
         Ok(true)
     }
 
+    /// Seeds one worker process runs before it is replaced. madsim does not
+    /// free what a run's tasks still hold when its runtime is dropped
+    /// (madsim-rs/madsim issue 242), so a process that runs seed after seed
+    /// grows: about 36 MB a seed with every fault on (7.6 GB after some 210
+    /// seeds, 2026-12-06), until the kernel kills it. A fresh process costs
+    /// about 50 ms, so this is about 3 ms a seed. `KEEL_SIM_SEEDS_PER_WORKER`
+    /// sets another number (the tests replace workers sooner).
+    const SEEDS_PER_WORKER_MAX: u64 = 16;
+
+    fn seeds_per_worker() -> u64 {
+        std::env::var("KEEL_SIM_SEEDS_PER_WORKER")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(SEEDS_PER_WORKER_MAX)
+            .max(1)
+    }
+
     /// A worker process of a sweep, and the seed it is running.
     struct Worker {
         child: Child,
@@ -494,6 +511,8 @@ mod cli {
         /// when the process ends.
         lines: mpsc::Receiver<String>,
         running: Option<(u64, Instant)>,
+        /// Seeds it was given.
+        seeds: u64,
     }
 
     impl Worker {
@@ -526,13 +545,14 @@ mod cli {
                     }
                 }
             });
-            Ok(Worker { child, stdin, lines, running: None })
+            Ok(Worker { child, stdin, lines, running: None, seeds: 0 })
         }
 
         fn start(&mut self, seed: u64) -> Result<(), String> {
             use std::io::Write;
             writeln!(self.stdin, "{seed}").and_then(|()| self.stdin.flush()).map_err(|e| e.to_string())?;
             self.running = Some((seed, Instant::now()));
+            self.seeds += 1;
             Ok(())
         }
 
@@ -589,6 +609,7 @@ mod cli {
         common: &Common,
     ) -> Result<Vec<Summary>, String> {
         options(common)?;
+        let seeds_per_worker = seeds_per_worker();
         let started = Instant::now();
         let mut next = from;
         let end = from.saturating_add(count);
@@ -623,7 +644,11 @@ mod cli {
                     }
                     Outcome::Done(summary) => {
                         worker.running = None;
-                        kept.push(worker);
+                        match worker.seeds < seeds_per_worker {
+                            true => kept.push(worker),
+                            // Idle between seeds: a fresh one takes over.
+                            false => worker.stop(),
+                        }
                         summary
                     }
                     Outcome::Lost(summary) => {
