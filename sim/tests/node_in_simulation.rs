@@ -623,7 +623,12 @@ fn a_broker_whose_removal_was_cut_short_is_not_added_back() {
 /// ends their wait: a leader within a few election timeouts, not after
 /// their patience (`waves::FOLLOWER_PATIENCE`, 10 s). Measured: led again
 /// 1.3-1.5 s after the restart; 10.8-11.7 s without the refusal rule
-/// (seeds 1, 2 and 4; seed 3's cut kept the leader's tail).
+/// (seeds 1, 2 and 4; seed 3's cut kept the leader's tail). Since votes
+/// stopped being checkpoints (8f61a17, found by bisecting; they no longer
+/// checkpoint the applied metadata on the way, so a restart starts from
+/// older metadata): 2.5-2.9 s, and 2.7-3.1 s once a
+/// simulated call stopped making a handshake connection first (its
+/// timings moved). The bound, 5 s, still tells a refusal from patience.
 #[test]
 fn followers_that_refuse_their_restarted_leader_elect_without_waiting_out_their_patience() {
     on_seeds(&[1, 2, 3, 4], leader_lost_its_tail);
@@ -662,7 +667,7 @@ async fn leader_lost_its_tail(seed: u64) {
         }
         let waited = restarted.elapsed();
         assert!(
-            waited < Duration::from_secs(3),
+            waited < Duration::from_secs(5),
             "seed {seed}: no leader holding the acknowledged entries {waited:?} after the restart"
         );
         madsim::time::sleep(Duration::from_millis(100)).await;

@@ -125,6 +125,18 @@ impl Endpoint {
 
     /// Connect to a madsim Endpoint.
     async fn connect_ep(&self) -> Result<madsim::net::Endpoint, Error> {
+        let ep = self.bind_ep().await?;
+        let addr = ep.peer_addr().unwrap();
+
+        // handshake
+        ep.connect1(addr).await.map_err(Error::from_source)?;
+
+        Ok(ep)
+    }
+
+    /// keel: [`Endpoint::connect_ep`] without its handshake connection: a
+    /// socket bound on this node, to make a call's own connection on.
+    async fn bind_ep(&self) -> Result<madsim::net::Endpoint, Error> {
         let host_port = (self.uri.authority())
             .ok_or_else(Error::new_invalid_uri)?
             .as_str();
@@ -133,14 +145,9 @@ impl Endpoint {
             .map_err(|e| Error::new_invalid_uri().with(e))?
             .next()
             .ok_or_else(Error::new_invalid_uri)?;
-        let ep = madsim::net::Endpoint::connect(addr)
+        madsim::net::Endpoint::connect(addr)
             .await
-            .map_err(Error::from_source)?;
-
-        // handshake
-        ep.connect1(addr).await.map_err(Error::from_source)?;
-
-        Ok(ep)
+            .map_err(Error::from_source)
     }
 
     /// Set a custom user-agent header.
@@ -398,8 +405,12 @@ impl MultiEndpoint {
             io::ErrorKind::AddrNotAvailable,
             "no endpoints available",
         ))?;
+        // keel: upstream made a handshake connection here (`connect_ep`)
+        // before the call's own: two connections, and two accepts on the
+        // server, per call. The call's connection is refused as the
+        // handshake was when the server is unreachable.
         let madsim_ep = ep
-            .connect_ep()
+            .bind_ep()
             .await
             .map_err(|e| io::Error::new(io::ErrorKind::ConnectionRefused, e.to_string()))?;
         let addr = madsim_ep.peer_addr().unwrap();
