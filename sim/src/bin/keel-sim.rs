@@ -486,11 +486,11 @@ mod cli {
         Ok(true)
     }
 
-    /// Seeds one worker process runs before it is replaced. madsim does not
-    /// free what a run's tasks still hold when its runtime is dropped
-    /// (madsim-rs/madsim issue 242), so a process that runs seed after seed
-    /// grows: about 36 MB a seed with every fault on (7.6 GB after some 210
-    /// seeds, 2026-12-06), until the kernel kills it. A fresh process costs
+    /// Seeds one worker process runs before it is replaced. A process that
+    /// runs seed after seed grows: about 36 MB a seed with every fault on
+    /// (7.6 GB after some 210 seeds, 2026-12-06), until the kernel kills it.
+    /// Not diagnosed; likely what madsim-rs/madsim issue 242 describes (a
+    /// dropped runtime does not free the tasks still pending in it). A fresh process costs
     /// about 50 ms, so this is about 3 ms a seed. `KEEL_SIM_SEEDS_PER_WORKER`
     /// sets another number (the tests replace workers sooner).
     const SEEDS_PER_WORKER_MAX: u64 = 16;
