@@ -145,7 +145,8 @@ pub enum ClientError {
          with --broker (or KEEL_BROKER)", .addresses.join(", ")
     )]
     Unreachable { addresses: Vec<String>, reason: String },
-    /// Something answered at `address`, but not as a keel broker does (with
+    /// Something answered at `address`, but not as a keel broker does, and
+    /// no other broker known could be connected to (with
     /// [`RetryPolicy::give_up_when_unreachable`]).
     #[error(
         "{address} is not a keel broker ({detail}); give a broker's client address (its --listen, not its \
@@ -579,6 +580,9 @@ impl Client {
         let mut unreachable: Vec<String> = Vec::new();
         let mut unreachable_reason = String::new();
         let mut connected = false;
+        // The last address of this pass that answered, but not as a keel
+        // broker does, and how.
+        let mut not_a_broker: Option<(String, String)> = None;
         // Whether an attempt went out and no answer came back.
         let mut unanswered = false;
         loop {
@@ -587,9 +591,12 @@ impl Client {
             }
             let Some(address) = queue.first().cloned() else {
                 if policy.give_up_when_unreachable && !connected && !unreachable.is_empty() {
+                    if let Some((address, detail)) = not_a_broker {
+                        return Err(ClientError::NotKeel { address, detail });
+                    }
                     return Err(ClientError::Unreachable { addresses: unreachable, reason: unreachable_reason });
                 }
-                (unreachable, connected) = (Vec::new(), false);
+                (unreachable, connected, not_a_broker) = (Vec::new(), false, None);
                 tokio::time::sleep(delays.next().unwrap_or(policy.backoff_max)).await;
                 queue = self.candidates(&route);
                 continue;
@@ -612,10 +619,18 @@ impl Client {
                     if let Some(reason) = tls_failure(&status) {
                         return Err(ClientError::TlsRefused { address, reason });
                     }
-                    if policy.give_up_when_unreachable {
-                        if let Some(detail) = not_keel(&status) {
-                            return Err(ClientError::NotKeel { address, detail });
-                        }
+                    // Something that is not a keel broker counts as no
+                    // broker there: the other candidates are still tried.
+                    // It may be a port given by mistake (a metrics port),
+                    // or a dead broker's port that another process took or
+                    // that the connection met itself on (a TCP
+                    // self-connect: a port in the ephemeral range with no
+                    // listener, where the client reads its own preface).
+                    if let Some(detail) = not_keel(&status) {
+                        unreachable.push(address.clone());
+                        unreachable_reason = format!("{address} is not a keel broker ({detail})");
+                        not_a_broker = Some((address, detail));
+                        continue;
                     }
                     match connect_failure(&status) {
                         Some(reason) => {

@@ -86,6 +86,102 @@ fn a_port_that_is_not_a_keel_client_api_is_named_as_such() {
     let output = keel(&["topic", "list", "--broker", &internal]);
     assert!(!output.status.success());
     assert!(stderr(&output).contains("internal (broker-to-broker) address"), "{}", stderr(&output));
+
+    // Something that is not a broker among several addresses is skipped,
+    // not taken for the answer of the whole cluster.
+    let output = keel(&["topic", "list", "--broker", &format!("{metrics},{address}")]);
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    // A connection that meets itself (a TCP self-connect, possible when a
+    // dead broker's port is in the ephemeral range) reads back its own
+    // HTTP/2 preface. An echo server gives the same bytes. This is how a
+    // produce to three brokers once failed in CI while a leader was down.
+    let echo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let echoed = echo.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for stream in echo.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let mut reader = stream.try_clone().unwrap();
+                let mut writer = stream;
+                let _ = std::io::copy(&mut reader, &mut writer);
+            });
+        }
+    });
+    let output = keel(&["topic", "list", "--broker", &echoed]);
+    assert!(!output.status.success());
+    assert!(stderr(&output).contains("is not a keel broker"), "{}", stderr(&output));
+    let output = keel(&["topic", "list", "--broker", &format!("{echoed},{address}")]);
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
+/// `keel consume | head`: records that could not be written out are not
+/// acknowledged (the group's next reader gets them), and the consumer
+/// leaves its group and exits without a panic. `keel read` stops too.
+#[tokio::test]
+async fn a_closed_output_acknowledges_nothing_it_could_not_write() {
+    let (_dir, _broker, address) = one_broker().await;
+    cli_ok(&address, &["topic", "create", "jobs", "--partitions", "2"], "");
+    cli_ok(&address, &["produce", "jobs"], &(0..10).map(|i| format!("job {i}\n")).collect::<String>());
+
+    for json in [false, true] {
+        let mut args = vec!["consume", "jobs", "--group", "workers", "--broker", &address];
+        if json {
+            args.push("--json");
+        }
+        let mut consumer = Command::new(keel_binary())
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run keel consume");
+        // The reader is gone before the first record is written.
+        drop(consumer.stdout.take());
+        let output = exits_within(consumer, Duration::from_secs(60)).await;
+        assert!(output.status.success(), "json {json}: {}", stderr(&output));
+        let said = stderr(&output);
+        assert!(said.contains("standard output was closed") && said.contains("left group workers"), "{said}");
+        let described = describe_group(&address, "workers");
+        assert_eq!(described["members"].as_array().map(Vec::len), Some(0), "{described}");
+    }
+    let printed = cli_ok(
+        &address,
+        &["consume", "jobs", "--group", "workers", "--max-records", "10", "--idle-timeout-ms", "5000"],
+        "",
+    );
+    assert_eq!(printed.lines().count(), 10, "every record is still the group's to read: {printed}");
+
+    for json in [false, true] {
+        let mut args = vec!["read", "jobs", "--partition", "0", "--offset", "0", "--follow", "--broker", &address];
+        if json {
+            args.push("--json");
+        }
+        let mut reader = Command::new(keel_binary())
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run keel read");
+        drop(reader.stdout.take());
+        let output = exits_within(reader, Duration::from_secs(60)).await;
+        assert!(output.status.success(), "json {json}: {}", stderr(&output));
+    }
+}
+
+/// The output of `child` once it exits by itself within `limit`; else
+/// it is killed and the test fails.
+async fn exits_within(mut child: std::process::Child, limit: Duration) -> Output {
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("check on keel").is_none() {
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("keel output");
+            panic!("keel still ran after {limit:?}: {}", stderr(&output));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child.wait_with_output().expect("keel output")
 }
 
 /// The group as `keel group describe --json` shows it.

@@ -134,11 +134,16 @@ impl RecordFormat {
         out
     }
 
-    /// Write one record to standard output.
-    pub fn print(&self, topic: &str, partition: u32, stored: &pb::StoredRecord, encoding: Encoding) {
-        let mut stdout = std::io::stdout().lock();
-        // A closed pipe (`| head`) ends the output; nothing to report.
-        let _ = stdout.write_all(&self.render(topic, partition, stored, encoding));
+    /// Write one record to standard output. An error means the output is
+    /// gone (a closed pipe: `| head`) or full: the caller stops.
+    pub fn print(
+        &self,
+        topic: &str,
+        partition: u32,
+        stored: &pb::StoredRecord,
+        encoding: Encoding,
+    ) -> std::io::Result<()> {
+        std::io::stdout().lock().write_all(&self.render(topic, partition, stored, encoding))
     }
 }
 

@@ -662,10 +662,12 @@ struct RecordOutput {
 const DEFAULT_RECORD_FORMAT: &str = "%t/%p\\t%o\\t%k\\t%v\\n";
 
 impl RecordOutput {
-    fn print(&self, topic: &str, partition: u32, stored: &pb::StoredRecord) {
+    /// Write one record to standard output in this format. An error means
+    /// the output is gone (a closed pipe: `| head`) or full.
+    fn print(&self, topic: &str, partition: u32, stored: &pb::StoredRecord) -> std::io::Result<()> {
         let default = || DEFAULT_RECORD_FORMAT.parse::<format::RecordFormat>().expect("the default format parses");
         let format = self.format.clone().unwrap_or_else(default);
-        format.print(topic, partition, stored, self.encoding);
+        format.print(topic, partition, stored, self.encoding)
     }
 }
 
@@ -1988,6 +1990,13 @@ fn print_json(value: &impl serde::Serialize) {
     }
 }
 
+/// Write a record as one JSON line (see [`record_json`]). An error means
+/// the output is gone (a closed pipe: `| head`) or full.
+fn print_record_json(at: Option<(&str, u32)>, stored: &pb::StoredRecord) -> std::io::Result<()> {
+    let text = serde_json::to_string(&record_json(at, stored)).map_err(std::io::Error::other)?;
+    writeln!(std::io::stdout().lock(), "{text}")
+}
+
 /// A record as `keel consume --json` and `keel read --json` print it: its
 /// offset and append time as strings (as in the proto3 JSON mapping), key
 /// and value as text when they are UTF-8, else as base64 in `key_base64`
@@ -2085,14 +2094,40 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
         let mut deliveries = deliveries;
         deliveries.truncate(want as usize);
         idle_since = tokio::time::Instant::now();
+        let mut written = Ok(());
         for delivery in &deliveries {
-            if connection.json {
-                print_json(&record_json(Some((&delivery.topic, delivery.partition)), &delivery.record));
+            written = if connection.json {
+                print_record_json(Some((&delivery.topic, delivery.partition)), &delivery.record)
             } else {
-                args.output.print(&delivery.topic, delivery.partition, &delivery.record);
+                args.output.print(&delivery.topic, delivery.partition, &delivery.record)
+            };
+            if written.is_err() {
+                break;
             }
             partitions.insert((delivery.topic.clone(), delivery.partition));
             printed += 1;
+        }
+        // Out before they are acknowledged: a record is acknowledged only
+        // once it has left this process.
+        if let Err(error) = written.and_then(|()| std::io::stdout().flush()) {
+            // Nothing of this poll is acknowledged: its records come again,
+            // to this group's next reader.
+            consumer.leave().await?;
+            if error.kind() == std::io::ErrorKind::BrokenPipe {
+                eprintln!(
+                    "keel consume: standard output was closed; {} records of the last poll left \
+                     unacknowledged; member {member} left group {}",
+                    deliveries.len(),
+                    args.group
+                );
+                return Ok(());
+            }
+            return Err(anyhow::Error::new(error).context(format!(
+                "writing records to standard output; {} records of the last poll left unacknowledged, \
+                 member {member} left group {}",
+                deliveries.len(),
+                args.group
+            )));
         }
         // One poll reads the partitions one broker leads: acknowledge each
         // one's last record (not interrupted: a signal waits for it).
@@ -2315,10 +2350,16 @@ async fn read(args: ReadArgs, connection: &Connection) -> anyhow::Result<()> {
         let got = response.records.len();
         for stored in response.records {
             offset = stored.offset + 1;
-            if connection.json {
-                print_json(&record_json(None, &stored));
+            let written = if connection.json {
+                print_record_json(None, &stored)
             } else {
-                args.output.print(&args.topic, args.partition, &stored);
+                args.output.print(&args.topic, args.partition, &stored)
+            };
+            match written {
+                Ok(()) => {}
+                // `| head`: what was wanted has been read.
+                Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                Err(error) => return Err(anyhow::Error::new(error).context("writing records to standard output")),
             }
         }
         if !args.follow {
