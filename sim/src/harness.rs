@@ -32,6 +32,7 @@ use keel_server::group::GroupId;
 use keel_server::node::{Node, NodeConfig};
 use keel_server::raft::types::{Command, Response as Applied, Vote};
 use keel_server::storage::crash_disk::NodeDisk;
+use keel_server::storage::sim_sync_latency;
 use keel_server::storage::{NodeStore, PersistedMark};
 use madsim::net::NetSim;
 use madsim::rand::Rng;
@@ -175,6 +176,9 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         // trip: no retention in negative controls.
         scenario.retention_bytes = None;
         scenario.retention_ms = None;
+        // Nor slow disks: the controls keep the traces their seeds (and
+        // seed bounds) were chosen on.
+        scenario.disk_latency = None;
         // Nor access control, unless the plant is about it: the controls
         // keep the runs their seeds were chosen for.
         scenario.access_control = plant == Plant::Bug(Bug::AclIgnored);
@@ -286,13 +290,20 @@ fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
         // A backstop: the driver bounds every phase itself.
         runtime.set_time_limit(Duration::from_millis(run_scenario.safety_ms + run_scenario.liveness_ms + 120_000));
         keel_core::planted::take_rejections();
+        sim_sync_latency::set(run_scenario.disk_latency.map(|disk| sim_sync_latency::SyncLatency {
+            us: disk.sync_us,
+            stall_one_in: disk.stall_one_in,
+            stall_ms: disk.stall_ms,
+        }));
         let ms = runtime.block_on(simulate(run_scenario, run_recorder, lying));
-        (ms, keel_core::planted::take_rejections())
+        (ms, keel_core::planted::take_rejections(), sim_sync_latency::take_stalls())
     })
     .join();
     let mut rejections = BTreeMap::new();
+    let mut stalls = 0;
     let simulated_ms = match outcome {
-        Ok((ms, counted)) => {
+        Ok((ms, counted, stalled)) => {
+            stalls = stalled;
             rejections = counted.into_iter().map(|((machine, kind), n)| (format!("{machine}:{kind}"), n)).collect();
             ms
         }
@@ -314,6 +325,9 @@ fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
         if let EventKind::Fault { kind, .. } = &event.kind {
             *faults.entry(kind.clone()).or_insert(0) += 1;
         }
+    }
+    if stalls > 0 {
+        faults.insert("fsync-stall".to_string(), stalls);
     }
     // The counts restart with each incarnation: sum each one's last sample.
     let mut snapshot_samples = BTreeMap::new();
@@ -3362,6 +3376,7 @@ fn lane_clients(
 /// resets what has no heal of its own, the clocks).
 fn heal_everything(world: &World) {
     heal_network(world);
+    sim_sync_latency::calm();
     for broker in &world.brokers {
         broker.clock.set_skew(Skew::default());
     }

@@ -201,6 +201,18 @@ pub struct SlowConsumer {
     pub records_per_poll: u32,
 }
 
+/// How long the brokers' fsyncs take (see [`Scenario::disk_latency`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskLatency {
+    /// Every sync takes between these many microseconds.
+    pub sync_us: (u64, u64),
+    /// One sync in this many stalls (a busy or failing device), until the
+    /// faults heal.
+    pub stall_one_in: u32,
+    /// How long a stall lasts, in milliseconds.
+    pub stall_ms: (u64, u64),
+}
+
 /// Most partitions of the shape lane's wide topic.
 pub const WIDE_TOPIC_PARTITIONS_MAX: u32 = 50;
 
@@ -374,6 +386,14 @@ pub struct Scenario {
     /// the faults heal.
     #[serde(default)]
     pub slow_consumer: Option<SlowConsumer>,
+    /// Every fsync of a broker's storage takes simulated time, and some
+    /// stall for tens or hundreds of milliseconds: appends gather while a
+    /// sync runs (group commit, as on a real disk), a leader's own flush
+    /// can finish after its followers' acknowledgements, and a stalled
+    /// disk holds up a broker's Raft groups (`None`: syncs take no time,
+    /// as seeds had before this lane).
+    #[serde(default)]
+    pub disk_latency: Option<DiskLatency>,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -432,6 +452,7 @@ impl Scenario {
             shape: None,
             retention_ms: None,
             slow_consumer: None,
+            disk_latency: None,
         }
         .with_later_lanes(&mut rng, all_faults)
     }
@@ -487,6 +508,14 @@ impl Scenario {
             }
         }
         self.faults.sort();
+        if all_faults || rng.gen_bool(0.5) {
+            let fastest = rng.gen_range(20..=200);
+            self.disk_latency = Some(DiskLatency {
+                sync_us: (fastest, rng.gen_range(fastest..=5_000)),
+                stall_one_in: rng.gen_range(50..=500),
+                stall_ms: (20, rng.gen_range(50..=400)),
+            });
+        }
         self
     }
 
@@ -587,6 +616,9 @@ impl Scenario {
             slow = self.slow_consumer.as_ref().map_or_else(String::new, |slow| format!(
                 " member c0 of g falls behind (at most {} records per poll, {} ms on each);",
                 slow.records_per_poll, slow.pause_ms
+            )) + &self.disk_latency.map_or_else(String::new, |disk| format!(
+                " fsyncs take {}-{} us, one in {} stalls {}-{} ms;",
+                disk.sync_us.0, disk.sync_us.1, disk.stall_one_in, disk.stall_ms.0, disk.stall_ms.1
             )),
             max_faults = self.max_faults.map_or_else(String::new, |n| format!(", at most {n}")),
             snapshots = match self.snapshot_every {

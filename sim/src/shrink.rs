@@ -134,6 +134,7 @@ fn reductions(scenario: &Scenario, faults_seen: u64) -> Vec<(String, Scenario)> 
     try_one("no byte retention".into(), &|s| s.retention_bytes = None);
     try_one("no time retention".into(), &|s| s.retention_ms = None);
     try_one("no slow member".into(), &|s| s.slow_consumer = None);
+    try_one("instant fsyncs".into(), &|s| s.disk_latency = None);
     try_one("no hostile acks".into(), &|s| s.hostile_ack_every = u32::MAX);
     out
 }

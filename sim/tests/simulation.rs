@@ -388,6 +388,19 @@ fn the_retention_lane_moves_log_starts_and_every_guarantee_holds() {
 }
 
 #[test]
+fn the_disk_latency_lane_stalls_fsyncs_and_every_guarantee_holds() {
+    // With every fault on, every fsync takes simulated time and some stall
+    // for tens or hundreds of milliseconds while the faults last.
+    let report = run_seed(0, RunOptions { all_faults: true, plant: None });
+    let disk = report.scenario.disk_latency.expect("the lane is on with every fault");
+    assert!(disk.sync_us.0 >= 20 && disk.stall_ms.0 >= 20, "{disk:?}");
+    assert!(report.faults.get("fsync-stall").is_some_and(|n| *n > 0), "no fsync stalled: {:?}", report.faults);
+    assert!(report.verdict.violations.is_empty(), "{:?}", report.verdict.violations);
+    // Off in the negative controls: their seed bounds were found without it.
+    assert_eq!(scenario_for(0, RunOptions { all_faults: true, plant: Some(Plant::LyingDisk) }).disk_latency, None);
+}
+
+#[test]
 fn g1_at_the_kill_catches_a_store_that_goes_on_past_a_failed_write() {
     // The disk-full lane: a broker must stop on the failed write; one that
     // takes it as done reports entries it never wrote, which the check at

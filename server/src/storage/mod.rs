@@ -36,4 +36,6 @@ pub use ledger::{Ledger, PersistedMark};
 pub use log_store::LogStore;
 pub use records::{RecordReader, RecordWriter};
 pub use state_machine::{GroupState, GroupStateMachine, SharedGroupState};
+#[cfg(madsim)]
+pub use store::sim_sync_latency;
 pub use store::{LogUsage, NodeStore, StoreError};

@@ -200,6 +200,14 @@ enum Job {
     Close,
 }
 
+impl Job {
+    /// Whether a batch with this job syncs the log.
+    #[cfg(madsim)]
+    fn syncs(&self) -> bool {
+        matches!(self, Job::Persisted { .. } | Job::Vote { .. } | Job::Write { durable: true, .. })
+    }
+}
+
 /// Most jobs gathered into one transaction.
 const JOBS_PER_TRANSACTION_MAX: usize = 4096;
 
@@ -1225,17 +1233,80 @@ fn start_writer(mut writer: Writer) {
         .expect("start the writer thread");
 }
 
-/// Simulation: a task (no OS threads under madsim).
+/// Simulation: a task (no OS threads under madsim). A batch that syncs
+/// takes the simulated time [`sim_sync_latency`] draws, while the next
+/// batch's jobs queue up, as on a real disk.
 #[cfg(madsim)]
 fn start_writer(mut writer: Writer) {
     tokio::spawn(async move {
         while let Some(first) = writer.queue.recv().await {
             let jobs = writer.gather(first);
+            if jobs.iter().any(Job::syncs) {
+                if let Some(latency) = sim_sync_latency::draw() {
+                    tokio::time::sleep(latency).await;
+                }
+            }
             if !writer.run(jobs) {
                 return;
             }
         }
     });
+}
+
+/// How long the storage writer's syncs take in the simulation (its disk
+/// latency lane): every sync a drawn time, a share of them a stall of tens
+/// or hundreds of milliseconds until the faults heal. One simulation runs
+/// on one thread: the setting is the thread's, and drawn from madsim's
+/// seeded generator.
+#[cfg(madsim)]
+pub mod sim_sync_latency {
+    use std::cell::Cell;
+    use std::time::Duration;
+
+    use madsim::rand::Rng;
+
+    /// How long syncs take.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct SyncLatency {
+        /// Every sync takes between these many microseconds.
+        pub us: (u64, u64),
+        /// One sync in this many stalls (0: none).
+        pub stall_one_in: u32,
+        /// How long a stall lasts, in milliseconds.
+        pub stall_ms: (u64, u64),
+    }
+
+    thread_local! {
+        static LATENCY: Cell<Option<SyncLatency>> = const { Cell::new(None) };
+        static STALLS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Syncs take `latency` from now on (`None`: no time).
+    pub fn set(latency: Option<SyncLatency>) {
+        LATENCY.with(|l| l.set(latency));
+        STALLS.with(|s| s.set(0));
+    }
+
+    /// No more stalls (the faults heal); syncs keep their usual time.
+    pub fn calm() {
+        LATENCY.with(|l| l.set(l.get().map(|latency| SyncLatency { stall_one_in: 0, ..latency })));
+    }
+
+    /// The stalls drawn since [`set`].
+    pub fn take_stalls() -> u64 {
+        STALLS.with(|s| s.replace(0))
+    }
+
+    /// How long the next sync takes, if syncs take time.
+    pub(super) fn draw() -> Option<Duration> {
+        let latency = LATENCY.with(Cell::get)?;
+        let mut rng = madsim::rand::thread_rng();
+        if latency.stall_one_in > 0 && rng.gen_ratio(1, latency.stall_one_in) {
+            STALLS.with(|s| s.set(s.get() + 1));
+            return Some(Duration::from_millis(rng.gen_range(latency.stall_ms.0..=latency.stall_ms.1)));
+        }
+        Some(Duration::from_micros(rng.gen_range(latency.us.0..=latency.us.1)))
+    }
 }
 
 #[cfg(test)]
