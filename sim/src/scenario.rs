@@ -513,7 +513,7 @@ impl Scenario {
             self.disk_latency = Some(DiskLatency {
                 sync_us: (fastest, rng.gen_range(fastest..=5_000)),
                 stall_one_in: rng.gen_range(50..=500),
-                stall_ms: (20, rng.gen_range(50..=400)),
+                stall_ms: (20, rng.gen_range(50..=2_000)),
             });
         }
         self
