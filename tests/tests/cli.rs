@@ -167,6 +167,21 @@ async fn a_closed_output_acknowledges_nothing_it_could_not_write() {
         let output = exits_within(reader, Duration::from_secs(60)).await;
         assert!(output.status.success(), "json {json}: {}", stderr(&output));
     }
+
+    // A one-shot command (`keel topic list | head -1`) ends quietly.
+    for args in [&["topic", "list"][..], &["topic", "list", "--json"], &["group", "describe", "workers"]] {
+        let mut command = Command::new(keel_binary())
+            .args(args)
+            .args(["--broker", &address])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run keel");
+        drop(command.stdout.take());
+        let output = exits_within(command, Duration::from_secs(60)).await;
+        assert!(output.status.success() && stderr(&output).is_empty(), "{args:?}: {}", stderr(&output));
+    }
 }
 
 /// The output of `child` once it exits by itself within `limit`; else

@@ -141,31 +141,31 @@ pub async fn user(command: UserCommand, connection: &Connection) -> anyhow::Resu
                 if replaced { "gave user {name} a new secret" } else { "created user {name}" }.replace("{name}", &name);
             if connection.json {
                 let secret = generated.then_some(secret);
-                println!("{}", serde_json::json!({ "user": name, "replaced": replaced, "secret": secret }));
+                say!("{}", serde_json::json!({ "user": name, "replaced": replaced, "secret": secret }));
             } else if generated {
-                println!("{verb}; its secret (shown only now):\n{secret}");
+                say!("{verb}; its secret (shown only now):\n{secret}");
             } else {
-                println!("{verb}");
+                say!("{verb}");
             }
         }
         UserCommand::Delete { name } => {
             client.delete_user(&name).await?;
-            println!("deleted user {name}");
+            say!("deleted user {name}");
         }
         UserCommand::List => {
             let users = client.list_users().await?;
             if connection.json {
-                println!("{}", serde_json::json!(users));
+                say!("{}", serde_json::json!(users));
             } else {
                 for user in users {
-                    println!("{user}");
+                    say!("{user}");
                 }
             }
         }
         UserCommand::Whoami => {
             let me = client.who_am_i().await?;
             if connection.json {
-                println!(
+                say!(
                     "{}",
                     serde_json::json!({
                         "principal": me.principal,
@@ -181,7 +181,7 @@ pub async fn user(command: UserCommand, connection: &Connection) -> anyhow::Resu
                     (true, true) => "a super user: no rule limits it",
                     (true, false) => "the broker serves it what its rules grant",
                 };
-                println!("{who} (authenticated by {}); {rules}", me.authenticated_by);
+                say!("{who} (authenticated by {}); {rules}", me.authenticated_by);
             }
         }
     }
@@ -193,11 +193,11 @@ pub async fn acl(command: AclCommand, connection: &Connection) -> anyhow::Result
     match command {
         AclCommand::Add(rule) => {
             let added = client.add_acl(rule.to_pb()).await?;
-            println!("{}", if added { "added the rule" } else { "the rule was already there" });
+            say!("{}", if added { "added the rule" } else { "the rule was already there" });
         }
         AclCommand::Remove(rule) => {
             client.remove_acl(rule.to_pb()).await?;
-            println!("removed the rule");
+            say!("removed the rule");
         }
         AclCommand::List { principal } => {
             let acls = client.list_acls(principal.as_deref().unwrap_or("")).await?;
@@ -214,7 +214,7 @@ pub async fn acl(command: AclCommand, connection: &Connection) -> anyhow::Result
                         })
                     })
                     .collect();
-                println!("{}", serde_json::json!(rows));
+                say!("{}", serde_json::json!(rows));
                 return Ok(());
             }
             let mut table = crate::table(&["PRINCIPAL", "OPERATION", "RESOURCE", "NAME", "MATCH"], &[]);

@@ -189,21 +189,28 @@ impl Report {
 
     fn print(&self, json: bool) {
         if json {
-            println!("{}", serde_json::to_string(self).expect("a report serialises"));
+            say!("{}", serde_json::to_string(self).expect("a report serialises"));
             return;
         }
-        println!(
+        say!(
             "{}: {} records in {:.2} s: {:.0} records/s, {:.1} MB/s",
-            self.bench, self.records, self.seconds, self.records_per_sec, self.mb_per_sec
+            self.bench,
+            self.records,
+            self.seconds,
+            self.records_per_sec,
+            self.mb_per_sec
         );
         if let Some(latency) = &self.latency_ms {
-            println!(
+            say!(
                 "latency per request (ms): p50 {:.2}, p99 {:.2}, p99.9 {:.2}, max {:.2}",
-                latency.p50, latency.p99, latency.p99_9, latency.max
+                latency.p50,
+                latency.p99,
+                latency.p99_9,
+                latency.max
             );
         }
         if self.errors > 0 {
-            println!("errors: {} (first: {})", self.errors, self.first_error.as_deref().unwrap_or(""));
+            say!("errors: {} (first: {})", self.errors, self.first_error.as_deref().unwrap_or(""));
         }
     }
 }
@@ -340,7 +347,7 @@ async fn groups(args: GroupsBench, connection: &Connection) -> anyhow::Result<()
         .collect();
     if connection.json {
         for window in &report {
-            println!("{}", serde_json::to_string(window).expect("a window encodes"));
+            say!("{}", serde_json::to_string(window).expect("a window encodes"));
         }
     } else {
         let mut rows = crate::table(
@@ -359,11 +366,7 @@ async fn groups(args: GroupsBench, connection: &Connection) -> anyhow::Result<()
             ]);
         }
         crate::print_table(&rows);
-        println!(
-            "{} groups joined and left in {seconds:.1} s ({:.0} groups/s)",
-            args.count,
-            args.count as f64 / seconds
-        );
+        say!("{} groups joined and left in {seconds:.1} s ({:.0} groups/s)", args.count, args.count as f64 / seconds);
     }
     if let Some(error) = first_error.lock().expect("first error").take() {
         eprintln!("first error: {error}");

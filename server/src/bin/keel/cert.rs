@@ -141,7 +141,7 @@ fn write_pair(dir: &Path, name: &str, cert: &str, key: &str) -> anyhow::Result<(
     }
     write_new(&key_path, key, 0o600)?;
     write_new(&cert_path, cert, 0o644)?;
-    println!("wrote {} and {}", cert_path.display(), key_path.display());
+    say!("wrote {} and {}", cert_path.display(), key_path.display());
     Ok(())
 }
 

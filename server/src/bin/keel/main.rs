@@ -21,6 +21,30 @@ use serde::{Deserialize, Serialize};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `println!` for a command's output. A closed standard output (`keel
+/// topic list | head -1`) ends the command quietly, as it does other Unix
+/// tools, instead of a panic; `keel consume` and `keel read` check their
+/// writes themselves (a record not written out must not be acknowledged),
+/// and `keel serve` goes on without its standard output.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::write_out(format_args!($($arg)*))
+    };
+}
+
+/// Write one line to standard output; see [`say!`].
+fn write_out(line: std::fmt::Arguments<'_>) {
+    let written = writeln!(std::io::stdout().lock(), "{line}");
+    match written {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(error) => {
+            eprintln!("error: writing to standard output: {error}");
+            std::process::exit(1);
+        }
+    }
+}
+
 mod access;
 mod bench;
 mod cert;
@@ -875,13 +899,13 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
             if connection.json {
                 print_json(&pb::RemoveBrokerRequest { broker: id });
             } else {
-                println!("removed broker {id}");
+                say!("removed broker {id}");
             }
             Ok(())
         }
         Command::Cluster(ClusterCommand::Health) => health(connection).await,
         Command::Cluster(ClusterCommand::NewSecret) => {
-            println!("{}", new_secret());
+            say!("{}", new_secret());
             Ok(())
         }
         Command::Cluster(ClusterCommand::Config { action: None }) => {
@@ -902,7 +926,7 @@ async fn run(command: Command, connection: &Connection) -> anyhow::Result<()> {
             if connection.json {
                 print_json(&pb::SetClusterConfigResponse { previous, value });
             } else {
-                println!("{name} = {value} (was {previous})");
+                say!("{name} = {value} (was {previous})");
             }
             Ok(())
         }
@@ -995,12 +1019,12 @@ async fn health(connection: &Connection) -> anyhow::Result<()> {
             items.iter().map(|i| format!("{}/{}", i["topic"].as_str().unwrap_or(""), i["partition"])).collect();
         format!("[{}]", names.join(", "))
     };
-    println!("healthy:                     {}", if healthy { "yes" } else { "no" });
+    say!("healthy:                     {}", if healthy { "yes" } else { "no" });
     let leader = if cluster.metadata_leader == 0 { "none".to_string() } else { cluster.metadata_leader.to_string() };
-    println!("metadata leader:             {leader}");
-    println!("brokers down:                {down:?}");
-    println!("leaderless partitions:       {}", list(&leaderless));
-    println!("under-replicated partitions: {}", list(&under_replicated));
+    say!("metadata leader:             {leader}");
+    say!("brokers down:                {down:?}");
+    say!("leaderless partitions:       {}", list(&leaderless));
+    say!("under-replicated partitions: {}", list(&under_replicated));
     Ok(())
 }
 
@@ -1054,7 +1078,7 @@ async fn drain(id: u64, timeout: std::time::Duration, connection: &Connection) -
     if connection.json {
         print_json(&pb::DrainBrokerResponse { moved });
     } else {
-        println!("broker {id} holds no replicas: remove it with `keel cluster remove-broker {id}`");
+        say!("broker {id} holds no replicas: remove it with `keel cluster remove-broker {id}`");
     }
     Ok(())
 }
@@ -1760,7 +1784,7 @@ fn table(header: &[&str], right: &[&str]) -> comfy_table::Table {
 /// Print a table without the spaces that pad its last column.
 fn print_table(table: &comfy_table::Table) {
     for line in table.lines() {
-        println!("{}", line.trim_end());
+        say!("{}", line.trim_end());
     }
 }
 
@@ -1873,14 +1897,15 @@ async fn topic(command: TopicCommand, connection: &Connection) -> anyhow::Result
             if let Some(timeout) = wait {
                 wait_for_move(&client, connection, &name, &moved, timeout).await?;
                 if !connection.json {
-                    println!("partition {name}/{} moved: its voters are {}", moved.partition, ids(&moved.replicas));
+                    say!("partition {name}/{} moved: its voters are {}", moved.partition, ids(&moved.replicas));
                 }
             } else if connection.json {
                 print_json(&pb::MovePartitionResponse { partition: Some(moved) });
             } else {
-                println!(
+                say!(
                     "partition {name}/{} now placed on {:?}; its leader moves the Raft membership there next",
-                    moved.partition, moved.replicas
+                    moved.partition,
+                    moved.replicas
                 );
             }
         }
@@ -1897,7 +1922,7 @@ async fn topic(command: TopicCommand, connection: &Connection) -> anyhow::Result
             if connection.json {
                 print_json(&pb::DeleteTopicRequest { topic: name });
             } else {
-                println!("deleted topic {name}");
+                say!("deleted topic {name}");
             }
         }
     }
@@ -1938,7 +1963,7 @@ async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<(
                         bar.tick();
                     }
                     if json {
-                        println!(
+                        say!(
                             "{}",
                             serde_json::json!({"partition": delivered.partition, "offset": delivered.offset.to_string()})
                         );
@@ -1985,7 +2010,7 @@ async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<(
 /// every field present), or a document built of them.
 fn print_json(value: &impl serde::Serialize) {
     match serde_json::to_string(value) {
-        Ok(text) => println!("{text}"),
+        Ok(text) => say!("{text}"),
         Err(error) => eprintln!("error: the answer did not encode as JSON: {error}"),
     }
 }
@@ -2228,7 +2253,7 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                 described["partitions"] = partitions.into();
                 print_json(&described);
             } else {
-                println!(
+                say!(
                     "group {} generation {} members {} assignor {}",
                     described.group,
                     described.generation,
@@ -2258,7 +2283,7 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
             if connection.json {
                 print_json(&serde_json::json!({"group": name, "positions_removed": positions}));
             } else {
-                println!("deleted group {name} and its positions on {positions} partitions");
+                say!("deleted group {name} and its positions on {positions} partitions");
             }
         }
         GroupCommand::Reset { name, topic, partitions, to, to_time, dry_run } => {
@@ -2296,7 +2321,7 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                         To::Offset(offset) => offset,
                     };
                     if !connection.json {
-                        println!("{topic}/{partition}: position {} -> {would} (dry run)", now.position);
+                        say!("{topic}/{partition}: position {} -> {would} (dry run)", now.position);
                     }
                     (now.position, would)
                 } else {
@@ -2308,7 +2333,7 @@ async fn group(command: GroupCommand, connection: &Connection) -> anyhow::Result
                     };
                     let position = client.reset_group_position(request).await?;
                     if !connection.json {
-                        println!("{topic}/{partition}: position {position}");
+                        say!("{topic}/{partition}: position {position}");
                     }
                     (position, position)
                 };

@@ -190,7 +190,7 @@ pub fn run(command: ProfileCommand, given: &Connection, json: bool) -> anyhow::R
             profiles.current = Some(name.clone());
             profiles.save(&path)?;
             let verb = if replaced { "replaced" } else { "created" };
-            println!("{verb} profile {name} in {}; it is in use", path.display());
+            say!("{verb} profile {name} in {}; it is in use", path.display());
         }
         ProfileCommand::Use { name } => {
             if !profiles.profiles.contains_key(&name) {
@@ -198,7 +198,7 @@ pub fn run(command: ProfileCommand, given: &Connection, json: bool) -> anyhow::R
             }
             profiles.current = Some(name.clone());
             profiles.save(&path)?;
-            println!("using profile {name}");
+            say!("using profile {name}");
         }
         ProfileCommand::Delete { name } => {
             if profiles.profiles.remove(&name).is_none() {
@@ -208,7 +208,7 @@ pub fn run(command: ProfileCommand, given: &Connection, json: bool) -> anyhow::R
                 profiles.current = None;
             }
             profiles.save(&path)?;
-            println!("deleted profile {name}");
+            say!("deleted profile {name}");
         }
         ProfileCommand::List => {
             for profile in profiles.profiles.values_mut() {
@@ -217,7 +217,7 @@ pub fn run(command: ProfileCommand, given: &Connection, json: bool) -> anyhow::R
                 }
             }
             if json {
-                println!("{}", serde_json::to_string_pretty(&profiles)?);
+                say!("{}", serde_json::to_string_pretty(&profiles)?);
                 return Ok(());
             }
             let mut table = crate::table(&["", "PROFILE", "BROKERS", "TLS", "USER"], &[]);
