@@ -200,14 +200,6 @@ enum Job {
     Close,
 }
 
-impl Job {
-    /// Whether a batch with this job syncs the log.
-    #[cfg(madsim)]
-    fn syncs(&self) -> bool {
-        matches!(self, Job::Persisted { .. } | Job::Vote { .. } | Job::Write { durable: true, .. })
-    }
-}
-
 /// Most jobs gathered into one transaction.
 const JOBS_PER_TRANSACTION_MAX: usize = 4096;
 
@@ -693,6 +685,22 @@ enum Step {
     Vote(String, Vec<u8>),
 }
 
+/// A batch of the writer between its two halves ([`Writer::prepare`] and
+/// [`Writer::finish`]).
+struct Batch {
+    steps: Vec<Step>,
+    after_commit: Vec<AfterCommit>,
+    persisted: Vec<LogFlushed<TypeConfig>>,
+    marks: Vec<MarkChange>,
+    open: bool,
+    checkpoint: bool,
+    /// Whether the batch syncs the log (entries to report, a vote, a
+    /// checkpoint).
+    syncs: bool,
+    framed: Result<(), StoreError>,
+    moved: Vec<Moved>,
+}
+
 impl Writer {
     /// Gather the queued jobs after `first` into one batch.
     fn gather(&mut self, first: Job) -> Vec<Job> {
@@ -727,7 +735,15 @@ impl Writer {
     /// points at a lost frame.
     /// Meanwhile new jobs queue up for the next batch, so a slow fsync
     /// gathers more appends into the next one.
+    #[cfg(not(madsim))]
     fn run(&mut self, jobs: Vec<Job>) -> bool {
+        let batch = self.prepare(jobs);
+        self.finish(batch)
+    }
+
+    /// The first half of [`Writer::run`]: the batch's frames appended and,
+    /// if it syncs, written out.
+    fn prepare(&mut self, jobs: Vec<Job>) -> Batch {
         let mut steps = Vec::new();
         let mut durable = false;
         let mut after_commit: Vec<AfterCommit> = Vec::new();
@@ -808,10 +824,23 @@ impl Writer {
                 Job::Close => open = false,
             }
         }
+        let syncs = checkpoint || voted || !persisted.is_empty();
+        // A batch that syncs has its frames on the disk while the sync
+        // runs (as a kill during the sync would find them).
+        if syncs {
+            framed = framed.and_then(|()| Ok(self.log.write_out()?));
+        }
+        Batch { steps, after_commit, persisted, marks, open, checkpoint, syncs, framed, moved }
+    }
+
+    /// The second half of [`Writer::run`]: the sync, the reports, the
+    /// transaction and the answers. Returns false once closed.
+    fn finish(&mut self, batch: Batch) -> bool {
+        let Batch { steps, after_commit, persisted, marks, open, checkpoint, syncs, framed, moved } = batch;
         // Frames out (readable) before their rows commit; synced first if
         // anything must be durable.
         let logged = framed.and_then(|()| {
-            if checkpoint || voted || !persisted.is_empty() {
+            if syncs {
                 self.log.sync()?;
                 self.syncs.fetch_add(1 + u64::from(checkpoint), Ordering::Relaxed);
             } else {
@@ -1234,19 +1263,20 @@ fn start_writer(mut writer: Writer) {
 }
 
 /// Simulation: a task (no OS threads under madsim). A batch that syncs
-/// takes the simulated time [`sim_sync_latency`] draws, while the next
-/// batch's jobs queue up, as on a real disk.
+/// takes the simulated time [`sim_sync_latency`] draws, its frames written
+/// out, while the next batch's jobs queue up, as on a real disk.
 #[cfg(madsim)]
 fn start_writer(mut writer: Writer) {
     tokio::spawn(async move {
         while let Some(first) = writer.queue.recv().await {
             let jobs = writer.gather(first);
-            if jobs.iter().any(Job::syncs) {
+            let batch = writer.prepare(jobs);
+            if batch.syncs {
                 if let Some(latency) = sim_sync_latency::draw() {
                     tokio::time::sleep(latency).await;
                 }
             }
-            if !writer.run(jobs) {
+            if !writer.finish(batch) {
                 return;
             }
         }
