@@ -84,8 +84,8 @@ pub struct RetryPolicy {
     /// long poll gets its wait on top (see [`Client::call_waiting`]).
     pub request_timeout: Duration,
     /// Give up at once when no broker known can be connected to at all
-    /// (connection refused, unknown host) or an address answers but is not
-    /// a keel broker, instead of retrying until the deadline. For
+    /// (connection refused, unknown host, or what answers is not a keel
+    /// broker), instead of retrying until the deadline. For
     /// command-line tools, where waiting only hides a typo or a broker
     /// that is not running; a long-lived application keeps retrying
     /// through broker restarts.
@@ -581,8 +581,9 @@ impl Client {
         let mut unreachable_reason = String::new();
         let mut connected = false;
         // The last address of this pass that answered, but not as a keel
-        // broker does, and how.
+        // broker does, and how; and how many did.
         let mut not_a_broker: Option<(String, String)> = None;
+        let mut not_brokers = 0usize;
         // Whether an attempt went out and no answer came back.
         let mut unanswered = false;
         loop {
@@ -591,12 +592,15 @@ impl Client {
             }
             let Some(address) = queue.first().cloned() else {
                 if policy.give_up_when_unreachable && !connected && !unreachable.is_empty() {
-                    if let Some((address, detail)) = not_a_broker {
+                    // Not a broker anywhere: an address given by mistake.
+                    // Some refused: the cluster is down, or the address is
+                    // wrong; the message names both.
+                    if let Some((address, detail)) = not_a_broker.filter(|_| not_brokers == unreachable.len()) {
                         return Err(ClientError::NotKeel { address, detail });
                     }
                     return Err(ClientError::Unreachable { addresses: unreachable, reason: unreachable_reason });
                 }
-                (unreachable, connected, not_a_broker) = (Vec::new(), false, None);
+                (unreachable, connected, not_a_broker, not_brokers) = (Vec::new(), false, None, 0);
                 tokio::time::sleep(delays.next().unwrap_or(policy.backoff_max)).await;
                 queue = self.candidates(&route);
                 continue;
@@ -627,9 +631,13 @@ impl Client {
                     // self-connect: a port in the ephemeral range with no
                     // listener, where the client reads its own preface).
                     if let Some(detail) = not_keel(&status) {
+                        // A proxy's error page (a 502 without gRPC) may
+                        // follow a request the broker behind it applied.
+                        unanswered |= may_be_unanswered(&status);
                         unreachable.push(address.clone());
                         unreachable_reason = format!("{address} is not a keel broker ({detail})");
                         not_a_broker = Some((address, detail));
+                        not_brokers += 1;
                         continue;
                     }
                     match connect_failure(&status) {

@@ -168,6 +168,10 @@ pub struct RunReport {
     pub rejections: BTreeMap<String, u64>,
 }
 
+/// The name under which [`RunReport::faults`] counts the slow-disk lane's
+/// fsync stalls.
+pub const FSYNC_STALL: &str = "fsync-stall";
+
 /// The scenario a run of `seed` with `options` uses.
 pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
     let mut scenario = Scenario::from_seed(seed, options.all_faults);
@@ -327,7 +331,7 @@ fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
         }
     }
     if stalls > 0 {
-        faults.insert("fsync-stall".to_string(), stalls);
+        faults.insert(FSYNC_STALL.to_string(), stalls);
     }
     // The counts restart with each incarnation: sum each one's last sample.
     let mut snapshot_samples = BTreeMap::new();

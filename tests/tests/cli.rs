@@ -112,6 +112,13 @@ fn a_port_that_is_not_a_keel_client_api_is_named_as_such() {
     assert!(stderr(&output).contains("is not a keel broker"), "{}", stderr(&output));
     let output = keel(&["topic", "list", "--broker", &format!("{echoed},{address}")]);
     assert!(output.status.success(), "{}", stderr(&output));
+    // With the other address refusing, the cluster may be down: both are
+    // named, not only the one that is not a broker.
+    let dead = format!("127.0.0.1:{}", free_port());
+    let output = keel(&["topic", "list", "--broker", &format!("{echoed},{dead}")]);
+    assert!(!output.status.success());
+    let said = stderr(&output);
+    assert!(said.contains("cannot connect to") && said.contains(&echoed) && said.contains(&dead), "{said}");
 }
 
 /// `keel consume | head`: records that could not be written out are not
@@ -168,7 +175,28 @@ async fn a_closed_output_acknowledges_nothing_it_could_not_write() {
         assert!(output.status.success(), "json {json}: {}", stderr(&output));
     }
 
-    // A one-shot command (`keel topic list | head -1`) ends quietly.
+    // `keel produce --json | head -1`: the printing stops, not the
+    // producing; every line read is sent and answered.
+    let mut producer = Command::new(keel_binary())
+        .args(["produce", "jobs", "--json", "--broker", &address])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run keel produce");
+    drop(producer.stdout.take());
+    let lines = (10..15).map(|i| format!("job {i}\n")).collect::<String>();
+    std::io::Write::write_all(&mut producer.stdin.take().expect("stdin"), lines.as_bytes()).unwrap();
+    let output = exits_within(producer, Duration::from_secs(60)).await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let described: serde_json::Value =
+        serde_json::from_str(&cli_ok(&address, &["topic", "describe", "jobs", "--json"], "")).unwrap();
+    let stored: u64 =
+        described["partitions"].as_array().unwrap().iter().map(|p| keel_tests::number(&p["high_watermark"])).sum();
+    assert_eq!(stored, 15, "{described}");
+
+    // A one-shot command (`keel topic list | head -1`) ends quietly, with
+    // the status a shell shows for a tool SIGPIPE ended (128 + 13).
     for args in [&["topic", "list"][..], &["topic", "list", "--json"], &["group", "describe", "workers"]] {
         let mut command = Command::new(keel_binary())
             .args(args)
@@ -180,7 +208,7 @@ async fn a_closed_output_acknowledges_nothing_it_could_not_write() {
             .expect("run keel");
         drop(command.stdout.take());
         let output = exits_within(command, Duration::from_secs(60)).await;
-        assert!(output.status.success() && stderr(&output).is_empty(), "{args:?}: {}", stderr(&output));
+        assert!(output.status.code() == Some(141) && stderr(&output).is_empty(), "{args:?}: {}", stderr(&output));
     }
 }
 

@@ -1271,7 +1271,9 @@ fn start_writer(mut writer: Writer) {
         while let Some(first) = writer.queue.recv().await {
             let jobs = writer.gather(first);
             let batch = writer.prepare(jobs);
-            if batch.syncs {
+            // A closing store (a shutdown, or the harness's look at a disk
+            // image) is not kept waiting.
+            if batch.syncs && batch.open {
                 if let Some(latency) = sim_sync_latency::draw() {
                     tokio::time::sleep(latency).await;
                 }

@@ -22,22 +22,29 @@ use serde::{Deserialize, Serialize};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// `println!` for a command's output. A closed standard output (`keel
-/// topic list | head -1`) ends the command quietly, as it does other Unix
-/// tools, instead of a panic; `keel consume` and `keel read` check their
-/// writes themselves (a record not written out must not be acknowledged),
-/// and `keel serve` goes on without its standard output.
+/// topic list | head -1`) ends the command quietly with status 141, as
+/// SIGPIPE ends other Unix tools (the command may not have finished: a
+/// `group reset` cut short has reset only some partitions), instead of a
+/// panic. `keel consume`, `keel read` and `keel produce --json` check
+/// their writes themselves (a record not written out must not be
+/// acknowledged; records in flight must still be answered), and `keel
+/// serve` goes on without its standard output.
 macro_rules! say {
     ($($arg:tt)*) => {
         $crate::write_out(format_args!($($arg)*))
     };
 }
 
+/// The exit status of a command whose standard output was closed under
+/// it: 128 + SIGPIPE, what a shell reports for a tool SIGPIPE ended.
+const EXIT_OUTPUT_CLOSED: i32 = 141;
+
 /// Write one line to standard output; see [`say!`].
 fn write_out(line: std::fmt::Arguments<'_>) {
     let written = writeln!(std::io::stdout().lock(), "{line}");
     match written {
         Ok(()) => {}
-        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(EXIT_OUTPUT_CLOSED),
         Err(error) => {
             eprintln!("error: writing to standard output: {error}");
             std::process::exit(1);
@@ -1530,7 +1537,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     // Caught before "listening" is said, so a stop sent after it is seen.
     let mut signal = Interrupts::catch()?;
-    println!("keel broker {id} listening on {listen} ({serving})");
+    // Not say!: a broker started without a standard output still serves.
+    let _ = writeln!(std::io::stdout().lock(), "keel broker {id} listening on {listen} ({serving})");
     let mut removed_since = None;
     loop {
         tokio::select! {
@@ -1954,6 +1962,9 @@ async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<(
     let bar = bench::progress("produce");
     let printer = tokio::spawn(async move {
         let (mut count, mut failed, mut first_error) = (0u64, 0u64, None);
+        // A closed output stops the printing, not the producing: every
+        // line read is still sent and answered.
+        let mut printing = json;
         while let Some(ack) = answered.recv().await {
             match ack.wait().await {
                 Ok(delivered) => {
@@ -1962,11 +1973,9 @@ async fn produce(args: ProduceArgs, connection: &Connection) -> anyhow::Result<(
                         bar.set_message(format!("produce: {count} records acknowledged"));
                         bar.tick();
                     }
-                    if json {
-                        say!(
-                            "{}",
-                            serde_json::json!({"partition": delivered.partition, "offset": delivered.offset.to_string()})
-                        );
+                    if printing {
+                        let line = serde_json::json!({"partition": delivered.partition, "offset": delivered.offset.to_string()});
+                        printing = writeln!(std::io::stdout().lock(), "{line}").is_ok();
                     }
                 }
                 Err(error) => {
@@ -2139,7 +2148,9 @@ async fn consume(args: ConsumeArgs, connection: &Connection) -> anyhow::Result<(
             // to this group's next reader.
             consumer.leave().await?;
             if error.kind() == std::io::ErrorKind::BrokenPipe {
-                eprintln!(
+                // Not eprintln!: with `2>&1 | head` this pipe is closed too.
+                let _ = writeln!(
+                    std::io::stderr(),
                     "keel consume: standard output was closed; {} records of the last poll left \
                      unacknowledged; member {member} left group {}",
                     deliveries.len(),
