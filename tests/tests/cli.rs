@@ -131,20 +131,11 @@ async fn a_closed_output_acknowledges_nothing_it_could_not_write() {
     cli_ok(&address, &["produce", "jobs"], &(0..10).map(|i| format!("job {i}\n")).collect::<String>());
 
     for json in [false, true] {
-        let mut args = vec!["consume", "jobs", "--group", "workers", "--broker", &address];
+        let mut args = vec!["consume", "jobs", "--group", "workers"];
         if json {
             args.push("--json");
         }
-        let mut consumer = Command::new(keel_binary())
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run keel consume");
-        // The reader is gone before the first record is written.
-        drop(consumer.stdout.take());
-        let output = exits_within(consumer, Duration::from_secs(60)).await;
+        let output = with_output_closed(&address, &args, "").await;
         assert!(output.status.success(), "json {json}: {}", stderr(&output));
         let said = stderr(&output);
         assert!(said.contains("standard output was closed") && said.contains("left group workers"), "{said}");
@@ -159,35 +150,18 @@ async fn a_closed_output_acknowledges_nothing_it_could_not_write() {
     assert_eq!(printed.lines().count(), 10, "every record is still the group's to read: {printed}");
 
     for json in [false, true] {
-        let mut args = vec!["read", "jobs", "--partition", "0", "--offset", "0", "--follow", "--broker", &address];
+        let mut args = vec!["read", "jobs", "--partition", "0", "--offset", "0", "--follow"];
         if json {
             args.push("--json");
         }
-        let mut reader = Command::new(keel_binary())
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run keel read");
-        drop(reader.stdout.take());
-        let output = exits_within(reader, Duration::from_secs(60)).await;
+        let output = with_output_closed(&address, &args, "").await;
         assert!(output.status.success(), "json {json}: {}", stderr(&output));
     }
 
     // `keel produce --json | head -1`: the printing stops, not the
     // producing; every line read is sent and answered.
-    let mut producer = Command::new(keel_binary())
-        .args(["produce", "jobs", "--json", "--broker", &address])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run keel produce");
-    drop(producer.stdout.take());
     let lines = (10..15).map(|i| format!("job {i}\n")).collect::<String>();
-    std::io::Write::write_all(&mut producer.stdin.take().expect("stdin"), lines.as_bytes()).unwrap();
-    let output = exits_within(producer, Duration::from_secs(60)).await;
+    let output = with_output_closed(&address, &["produce", "jobs", "--json"], &lines).await;
     assert!(output.status.success(), "{}", stderr(&output));
     let described: serde_json::Value =
         serde_json::from_str(&cli_ok(&address, &["topic", "describe", "jobs", "--json"], "")).unwrap();
@@ -198,18 +172,26 @@ async fn a_closed_output_acknowledges_nothing_it_could_not_write() {
     // A one-shot command (`keel topic list | head -1`) ends quietly, with
     // the status a shell shows for a tool SIGPIPE ended (128 + 13).
     for args in [&["topic", "list"][..], &["topic", "list", "--json"], &["group", "describe", "workers"]] {
-        let mut command = Command::new(keel_binary())
-            .args(args)
-            .args(["--broker", &address])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run keel");
-        drop(command.stdout.take());
-        let output = exits_within(command, Duration::from_secs(60)).await;
+        let output = with_output_closed(&address, args, "").await;
         assert!(output.status.code() == Some(141) && stderr(&output).is_empty(), "{args:?}: {}", stderr(&output));
     }
+}
+
+/// Run `keel ARGS --broker BROKER` with `stdin` fed in and its standard
+/// output closed before it writes anything (`| head -0`); its output once
+/// it exits (within a minute, else the test fails).
+async fn with_output_closed(broker: &str, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(keel_binary())
+        .args(args)
+        .args(["--broker", broker])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run keel");
+    drop(child.stdout.take());
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), stdin.as_bytes()).expect("write stdin");
+    exits_within(child, Duration::from_secs(60)).await
 }
 
 /// The output of `child` once it exits by itself within `limit`; else
