@@ -215,6 +215,12 @@ pub async fn one_broker() -> (tempfile::TempDir, Broker, String) {
 
 /// Run a `keel` client command against `broker`, feeding `stdin`.
 pub fn cli(broker: &str, args: &[&str], stdin: &str) -> Output {
+    cli_fed(broker, args, stdin).wait_with_output().expect("keel output")
+}
+
+/// Start a `keel` client command against `broker` with every stream piped,
+/// and feed it `stdin` (then end its input).
+pub fn cli_fed(broker: &str, args: &[&str], stdin: &str) -> Child {
     let mut child = Command::new(keel_binary())
         .args(args)
         .args(["--broker", broker])
@@ -228,7 +234,7 @@ pub fn cli(broker: &str, args: &[&str], stdin: &str) -> Output {
         Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => panic!("write stdin: {error}"),
         _ => {}
     }
-    child.wait_with_output().expect("keel output")
+    child
 }
 
 /// Run a command that must succeed; return its standard output.

@@ -181,16 +181,9 @@ async fn a_closed_output_acknowledges_nothing_it_could_not_write() {
 /// output closed before it writes anything (`| head -0`); its output once
 /// it exits (within a minute, else the test fails).
 async fn with_output_closed(broker: &str, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(keel_binary())
-        .args(args)
-        .args(["--broker", broker])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run keel");
+    let mut child = keel_tests::cli_fed(broker, args, stdin);
+    // Long before the command's first answer comes back from the broker.
     drop(child.stdout.take());
-    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), stdin.as_bytes()).expect("write stdin");
     exits_within(child, Duration::from_secs(60)).await
 }
 
