@@ -79,11 +79,15 @@ use crate::raft::types::NodeId;
 /// one 2-core machine: 64 turns of any kind led every new group in 33-40 s
 /// and, broker 1 killed, re-elected the 3,334 groups it led in 35 s; 256
 /// re-elected them in 9 s, but took 81 s over the new groups (each new
-/// group writes its membership on three brokers before it elects).
-pub const WAVE_GROUPS: usize = 256;
+/// group writes its membership on three brokers before it elects), hence
+/// [`NEW_GROUP_TURN`]. Later, with elections cheaper (votes in the segment
+/// log, quiet groups), a failover with 256 took 2.5-2.6 s and left half of
+/// the two cores idle; 512 took 1.5-1.9 s, 1,024 1.5-2.5 s and slowed a
+/// restart of all brokers by a third (BENCHMARKS.md, thirty-eighth session).
+pub const WAVE_GROUPS: usize = 512;
 /// What a new group's turn counts for (see [`WAVE_GROUPS`]): 64 new groups
 /// at a time, as measured best.
-pub const NEW_GROUP_TURN: usize = 4;
+pub const NEW_GROUP_TURN: usize = 8;
 /// The fewest turns the wave shrinks to when turns end without a leader.
 pub const WAVE_GROUPS_MIN: usize = 8;
 /// The longest a group holds a turn: one that cannot go quiet (a replica
@@ -184,8 +188,8 @@ impl Turn {
 /// broker of three died, the two left were ranked the same in all of its
 /// groups, second and third, as placement lists the replicas of every
 /// partition it leads in the same order: both stood in the same groups in
-/// the same order, so their turns went to the same 256 groups at once, not
-/// to 512.) Soft state: only the order of turns, never what Raft decides.
+/// the same order, so their turns went to the same groups at once, not to
+/// twice as many.) Soft state: only the order of turns, never what Raft decides.
 fn spread(group: &GroupId, me: NodeId) -> u64 {
     use std::hash::{DefaultHasher, Hash, Hasher};
     // `DefaultHasher::new()` has fixed keys: the same order every run (and
@@ -499,9 +503,10 @@ mod tests {
         };
         let (two, three) = (first_turns(2), first_turns(3));
         let shared = two.intersection(&three).count();
-        // By group alone both would take the same 256; shuffled, about
-        // 256 * 256 / 3,334 = 20 are shared.
-        assert!(shared < 64, "{shared} of the first {WAVE_GROUPS} turns shared");
+        // By group alone both would take the same ones; shuffled, about
+        // WAVE_GROUPS * WAVE_GROUPS / 3,334 are shared (79 of 512).
+        let expected = WAVE_GROUPS * WAVE_GROUPS / orphans.len();
+        assert!(shared < 2 * expected, "{shared} of the first {WAVE_GROUPS} turns shared (about {expected} expected)");
         assert_eq!(first_turns(2), two, "the same order every time");
         // Rank still comes first.
         assert!(Turn::new(0, orphans[5].clone(), 2) < Turn::new(1, orphans[0].clone(), 2));
