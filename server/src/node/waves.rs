@@ -82,8 +82,9 @@ use crate::raft::types::NodeId;
 /// group writes its membership on three brokers before it elects), hence
 /// [`NEW_GROUP_TURN`]. Later, with elections cheaper (votes in the segment
 /// log, quiet groups), a failover with 256 took 2.5-2.6 s and left half of
-/// the two cores idle; 512 took 1.5-1.9 s, 1,024 1.5-2.5 s and slowed a
-/// restart of all brokers by a third (BENCHMARKS.md, thirty-eighth session).
+/// the two cores idle; 512 took 1.5-2.0 s (median 1.9); 768 and 1,024 were
+/// no faster and slowed a restart of all brokers by a third
+/// (BENCHMARKS.md, thirty-eighth session).
 pub const WAVE_GROUPS: usize = 512;
 /// What a new group's turn counts for (see [`WAVE_GROUPS`]): 64 new groups
 /// at a time, as measured best.
