@@ -164,6 +164,7 @@ pub struct Metrics {
     peer_up: Family<PeerLabels, Gauge>,
     peer_failed_calls: Family<PeerLabels, Counter>,
     raft_calls: Family<PeerLabels, Counter>,
+    raft_batches: Family<PeerLabels, Counter>,
     raft_call_latency: RaftCallLatency,
     process: ProcessMetrics,
     log_segments: Gauge,
@@ -288,6 +289,7 @@ impl Metrics {
             peer_up: Family::default(),
             peer_failed_calls: Family::default(),
             raft_calls: Family::default(),
+            raft_batches: Family::default(),
             raft_call_latency: raft_call_latency(),
             process: ProcessMetrics::default(),
             log_segments: Gauge::default(),
@@ -405,6 +407,12 @@ impl Metrics {
             "raft_calls",
             "Raft calls (AppendEntries, votes, snapshot chunks) this broker sent to the peer, answered or not",
             metrics.raft_calls.clone(),
+        );
+        registry.register(
+            "raft_batches",
+            "Batch RPCs this broker sent to the peer, each carrying several of its Raft calls (counted in \
+             keel_raft_calls_total too) while others were in flight",
+            metrics.raft_batches.clone(),
         );
         registry.register(
             "raft_quiet_groups",
@@ -534,6 +542,8 @@ impl Metrics {
             counter.inc_by(health.failed_calls.saturating_sub(counter.get()));
             let counter = self.raft_calls.get_or_create(&labels);
             counter.inc_by(health.calls.saturating_sub(counter.get()));
+            let counter = self.raft_batches.get_or_create(&labels);
+            counter.inc_by(health.batches.saturating_sub(counter.get()));
         }
         let usage = node.log_usage();
         self.log_segments.set(usage.segments as i64);

@@ -1,6 +1,8 @@
 //! The Raft transport between brokers: one gRPC service carries every
 //! group's AppendEntries, Vote and snapshot chunks, over one channel per
-//! peer, with the group named in each request.
+//! peer, with the group named in each request. While a few partition-group
+//! calls are in flight to a peer, the next ones go together in one `Batch`
+//! RPC ([`super::batch`]); each is served here as if it came alone.
 //!
 //! Each RPC carries openraft's deadline (`RPCOption::hard_ttl`), so a
 //! partitioned peer costs a group one timeout per attempt, then openraft's
@@ -24,7 +26,7 @@ use std::time::Duration;
 
 use keel_proto::raft::raft_transport_client::RaftTransportClient;
 use keel_proto::raft::raft_transport_server::RaftTransport;
-use keel_proto::raft::{RaftReply, RaftRequest};
+use keel_proto::raft::{RaftBatch, RaftCall, RaftCallReply, RaftReply, RaftRequest, RaftRpc};
 use openraft::error::{
     InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -38,6 +40,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 
+use super::batch::{call_alone, Destination, PeerBatches, BATCH_CALLS_ACCEPTED_MAX};
 use super::types::{NodeId, Raft, TypeConfig};
 use crate::group::GroupId;
 
@@ -169,6 +172,9 @@ pub struct Peers {
     /// Each peer's permits for partition groups' Raft calls in flight
     /// ([`PEER_CALLS_IN_FLIGHT_MAX`]).
     admission: Arc<Mutex<BTreeMap<NodeId, Arc<tokio::sync::Semaphore>>>>,
+    /// Each peer's (at each address) partition-group calls in flight, and
+    /// those queued to go together (see [`super::batch`]).
+    batches: Arc<Mutex<BatchesByPeer>>,
     answered: Arc<Mutex<BTreeMap<NodeId, tokio::time::Instant>>>,
     /// Peers that just failed to answer, and until when no group on this
     /// broker tries them again (a call waits until then): a down peer costs
@@ -186,6 +192,9 @@ pub struct Peers {
     tls: Option<Arc<crate::tls::Tls>>,
 }
 
+/// Each peer's batches, by its id and address.
+type BatchesByPeer = BTreeMap<(NodeId, String), Arc<PeerBatches>>;
+
 /// One peer's reachability, for logs and metrics.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PeerHealth {
@@ -196,6 +205,8 @@ pub struct PeerHealth {
     /// Raft calls sent to it (answered or not; not those held back while
     /// it rests), since this broker started.
     pub calls: u64,
+    /// Batch RPCs sent to it, each carrying several of those calls.
+    pub batches: u64,
 }
 
 /// How long a peer that did not answer rests before the next attempt.
@@ -244,6 +255,7 @@ impl Peers {
             identity: Arc::new(identity),
             channels: Arc::default(),
             admission: Arc::default(),
+            batches: Arc::default(),
             answered: Arc::default(),
             resting: Arc::default(),
             health: Arc::default(),
@@ -377,6 +389,11 @@ impl Peers {
         self.health.lock().expect("peer health").entry(peer).or_default().calls += 1;
     }
 
+    /// A batch of calls was sent to `peer`.
+    pub(super) fn count_batch(&self, peer: NodeId) {
+        self.health.lock().expect("peer health").entry(peer).or_default().batches += 1;
+    }
+
     /// A call to `peer` reached it.
     fn reached(&self, peer: NodeId) {
         let mut health = self.health.lock().expect("peer health");
@@ -386,7 +403,18 @@ impl Peers {
         }
     }
 
-    fn channel(&self, address: &str) -> Result<Channel, TransportError> {
+    /// The calls in flight to `peer` at `address`, and its queue.
+    fn batches(&self, peer: NodeId, address: &str) -> Arc<PeerBatches> {
+        let mut batches = self.batches.lock().expect("peer batches");
+        if let Some(found) = batches.get(&(peer, address.to_string())) {
+            return found.clone();
+        }
+        let made = Arc::new(PeerBatches::default());
+        batches.insert((peer, address.to_string()), made.clone());
+        made
+    }
+
+    pub(super) fn channel(&self, address: &str) -> Result<Channel, TransportError> {
         let mut channels = self.channels.lock().expect("peer channels");
         if let Some((channel, _)) = channels.get(address) {
             return Ok(channel.clone());
@@ -494,8 +522,8 @@ pub struct PeerClient {
 }
 
 /// Which RPC to call.
-#[derive(Debug, Clone, Copy)]
-enum Rpc {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Rpc {
     AppendEntries,
     Vote,
     InstallSnapshot,
@@ -619,47 +647,36 @@ impl PeerClient {
         request: &Req,
         option: &RPCOption,
     ) -> Result<Result<Resp, RaftError<NodeId, E>>, TransportError> {
-        let channel = self.peers.channel(&self.address)?;
-        let mut client = RaftTransportClient::new(channel)
-            .max_decoding_message_size(RAFT_MESSAGE_BYTES_MAX)
-            .max_encoding_message_size(RAFT_MESSAGE_BYTES_MAX);
         let payload = postcard::to_stdvec(request)?;
         if payload.len() > RAFT_MESSAGE_BYTES_MAX - 1024 {
             return Err(TransportError::TooLarge { bytes: payload.len() });
         }
-        let identity = self.peers.identity();
-        let mut message = tonic::Request::new(RaftRequest {
-            group: self.group.clone(),
-            payload,
-            cluster_id: identity.cluster_id,
-            secret: identity.secret.clone(),
-        });
-        message.set_timeout(option.hard_ttl());
         #[cfg(madsim)]
-        let copy = sim_duplication::draw().map(|after| (after, message.get_ref().clone(), option.hard_ttl()));
-        let reply = match rpc {
-            Rpc::AppendEntries => client.append_entries(message).await?,
-            Rpc::Vote => client.vote(message).await?,
-            Rpc::InstallSnapshot => client.install_snapshot(message).await?,
+        let copy = sim_duplication::draw().map(|after| (after, payload.clone()));
+        let to = Destination { peers: self.peers.clone(), peer: self.target, address: self.address.clone() };
+        // A partition group's AppendEntries and votes may go together with
+        // other groups' (snapshot chunks and the metadata group's calls
+        // always go alone: they must not wait behind the partitions').
+        let reply = match self.bounded && rpc != Rpc::InstallSnapshot {
+            true => {
+                let batches = self.peers.batches(self.target, &self.address);
+                batches.call(&to, rpc, &self.group, payload, option.hard_ttl()).await?
+            }
+            false => call_alone(&to, rpc, &self.group, payload, option.hard_ttl()).await?,
         };
         self.peers.answered.lock().expect("peer answers").insert(self.target, tokio::time::Instant::now());
         #[cfg(madsim)]
-        if let Some((after, copy, ttl)) = copy {
+        if let Some((after, copy)) = copy {
             // The simulation's duplicating network: the same message again,
-            // later (after messages sent since), its answer dropped.
-            let mut client = client.clone();
+            // alone and later (after messages sent since), its answer
+            // dropped.
+            let (group, ttl) = (self.group.clone(), option.hard_ttl());
             tokio::spawn(async move {
                 tokio::time::sleep(after).await;
-                let mut message = tonic::Request::new(copy);
-                message.set_timeout(ttl);
-                let _ = match rpc {
-                    Rpc::AppendEntries => client.append_entries(message).await,
-                    Rpc::Vote => client.vote(message).await,
-                    Rpc::InstallSnapshot => client.install_snapshot(message).await,
-                };
+                let _ = call_alone(&to, rpc, &group, copy, ttl).await;
             });
         }
-        Ok(postcard::from_bytes(&reply.into_inner().payload)?)
+        Ok(postcard::from_bytes(&reply)?)
     }
 
     // openraft's error types are large; they are its API, not ours.
@@ -823,12 +840,22 @@ type PeerCerts = Option<Arc<Vec<tonic::transport::CertificateDer<'static>>>>;
 type PeerCerts = ();
 
 #[cfg(not(madsim))]
-fn peer_certs(request: &tonic::Request<RaftRequest>) -> PeerCerts {
+fn peer_certs<T>(request: &tonic::Request<T>) -> PeerCerts {
     request.peer_certs()
 }
 
 #[cfg(madsim)]
-fn peer_certs(_request: &tonic::Request<RaftRequest>) -> PeerCerts {}
+fn peer_certs<T>(_request: &tonic::Request<T>) -> PeerCerts {}
+
+impl<D> Clone for TransportService<D> {
+    fn clone(&self) -> Self {
+        TransportService {
+            directory: self.directory.clone(),
+            identity: self.identity.clone(),
+            certified_peers: self.certified_peers,
+        }
+    }
+}
 
 impl<D: GroupDirectory> TransportService<D> {
     pub fn new(directory: Arc<D>, identity: ClusterIdentity) -> Self {
@@ -872,13 +899,18 @@ impl<D: GroupDirectory> TransportService<D> {
 
     /// Refuse a request from outside the cluster.
     fn authenticate(&self, request: &RaftRequest) -> Result<(), tonic::Status> {
-        if request.cluster_id != self.identity.cluster_id {
+        self.authenticate_as(request.cluster_id, &request.secret)
+    }
+
+    /// Refuse a request that names another cluster or lacks its secret.
+    fn authenticate_as(&self, cluster_id: u64, secret: &str) -> Result<(), tonic::Status> {
+        if cluster_id != self.identity.cluster_id {
             return Err(tonic::Status::failed_precondition(format!(
                 "this broker belongs to cluster {:x}, the request to cluster {:x}: check the peers configuration",
-                self.identity.cluster_id, request.cluster_id
+                self.identity.cluster_id, cluster_id
             )));
         }
-        if !secrets_match(&request.secret, &self.identity.secret) {
+        if !secrets_match(secret, &self.identity.secret) {
             return Err(tonic::Status::unauthenticated(
                 "the request does not carry this cluster's secret: give every broker the same --cluster-secret",
             ));
@@ -888,16 +920,99 @@ impl<D: GroupDirectory> TransportService<D> {
 
     fn group(&self, request: &RaftRequest) -> Result<Raft, tonic::Status> {
         self.authenticate(request)?;
-        let group = GroupId::parse(&request.group).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        self.running(&request.group)
+    }
+
+    /// The Raft handle of the group named `key`, running here.
+    fn running(&self, key: &str) -> Result<Raft, tonic::Status> {
+        let group = GroupId::parse(key).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
         self.directory
             .raft(&group)
             .ok_or_else(|| tonic::Status::not_found(format!("group {group} is not running on this broker yet")))
     }
+
+    /// Hand an AppendEntries of the authenticated caller (showing `certs`)
+    /// to `group`.
+    async fn serve_append(&self, certs: &PeerCerts, group: &str, payload: &[u8]) -> Result<Vec<u8>, tonic::Status> {
+        let raft = self.running(group)?;
+        let append: AppendEntriesRequest<TypeConfig> = decode(payload)?;
+        let sender = append.vote.leader_id().voted_for();
+        self.check_sender(certs, sender)?;
+        sane_append(&append)?;
+        if let Some(peer) = sender {
+            self.directory.heard_from(peer);
+        }
+        let entries = !append.entries.is_empty();
+        let result = raft.append_entries(append).await;
+        if entries && result.is_ok() {
+            if let Ok(group) = GroupId::parse(group) {
+                self.directory.appended(&group);
+            }
+        }
+        encode(&result)
+    }
+
+    /// Hand a vote request of the authenticated caller (showing `certs`)
+    /// to `group`.
+    async fn serve_vote(&self, certs: &PeerCerts, group: &str, payload: &[u8]) -> Result<Vec<u8>, tonic::Status> {
+        let raft = self.running(group)?;
+        let vote: VoteRequest<NodeId> = decode(payload)?;
+        let sender = vote.vote.leader_id().voted_for();
+        self.check_sender(certs, sender)?;
+        sane_vote(&vote)?;
+        if let Some(peer) = sender {
+            self.directory.heard_from(peer);
+        }
+        let (term, candidate_last) = (vote.vote.leader_id().get_term(), vote.last_log_id);
+        let answer = raft.vote(vote).await;
+        if let (Ok(answer), Some(candidate), Ok(group)) = (&answer, sender, GroupId::parse(group)) {
+            // Refused for its log (this replica's is longer), not for a
+            // leader's lease or a vote already given in the term.
+            if !answer.vote_granted && answer.last_log_id > candidate_last {
+                self.directory.vote_refused(&group, candidate, term);
+            }
+        }
+        encode(&answer)
+    }
+
+    /// Answer one call of a batch, within its time limit.
+    async fn serve_call(self, certs: PeerCerts, index: usize, call: RaftCall) -> RaftCallReply {
+        let limit = Duration::from_micros(call.timeout_us).min(BATCH_CALL_TIMEOUT_MAX);
+        let served = async {
+            match RaftRpc::try_from(call.rpc) {
+                Ok(RaftRpc::AppendEntries) => self.serve_append(&certs, &call.group, &call.payload).await,
+                Ok(RaftRpc::Vote) => self.serve_vote(&certs, &call.group, &call.payload).await,
+                _ => Err(tonic::Status::invalid_argument(format!(
+                    "a batched Raft call names RPC {}, which is not AppendEntries or Vote",
+                    call.rpc
+                ))),
+            }
+        };
+        let result = tokio::time::timeout(limit, served).await.unwrap_or_else(|_| {
+            Err(tonic::Status::deadline_exceeded("the batched Raft call was not answered within its time limit"))
+        });
+        let index = index as u32;
+        match result {
+            Ok(payload) => RaftCallReply { index, code: 0, message: String::new(), payload },
+            Err(status) => RaftCallReply {
+                index,
+                code: status.code() as i32,
+                message: status.message().to_string(),
+                payload: Vec::new(),
+            },
+        }
+    }
 }
 
-fn decode<T: DeserializeOwned>(request: &RaftRequest) -> Result<T, tonic::Status> {
-    postcard::from_bytes(&request.payload)
-        .map_err(|e| tonic::Status::invalid_argument(format!("undecodable Raft message: {e}")))
+/// The longest a broker works on one call of a batch, whatever time limit
+/// the call names.
+pub const BATCH_CALL_TIMEOUT_MAX: Duration = Duration::from_secs(60);
+
+/// The answers to one batch, each sent as it is ready.
+pub type BatchAnswers = Pin<Box<dyn futures_util::Stream<Item = Result<RaftCallReply, tonic::Status>> + Send>>;
+
+fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, tonic::Status> {
+    postcard::from_bytes(payload).map_err(|e| tonic::Status::invalid_argument(format!("undecodable Raft message: {e}")))
 }
 
 fn insane(what: &str) -> tonic::Status {
@@ -957,10 +1072,12 @@ pub fn sane_snapshot(request: &InstallSnapshotRequest<TypeConfig>) -> Result<(),
     Ok(())
 }
 
+fn encode<T: Serialize>(result: &T) -> Result<Vec<u8>, tonic::Status> {
+    postcard::to_stdvec(result).map_err(|e| tonic::Status::internal(format!("reply did not encode: {e}")))
+}
+
 fn reply<T: Serialize>(result: &T) -> Result<tonic::Response<RaftReply>, tonic::Status> {
-    let payload =
-        postcard::to_stdvec(result).map_err(|e| tonic::Status::internal(format!("reply did not encode: {e}")))?;
-    Ok(tonic::Response::new(RaftReply { payload }))
+    Ok(tonic::Response::new(RaftReply { payload: encode(result)? }))
 }
 
 #[tonic::async_trait]
@@ -971,45 +1088,41 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
     ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
         let certs = peer_certs(&request);
         let request = request.into_inner();
-        let raft = self.group(&request)?;
-        let append: AppendEntriesRequest<TypeConfig> = decode(&request)?;
-        let sender = append.vote.leader_id().voted_for();
-        self.check_sender(&certs, sender)?;
-        sane_append(&append)?;
-        if let Some(peer) = sender {
-            self.directory.heard_from(peer);
-        }
-        let entries = !append.entries.is_empty();
-        let result = raft.append_entries(append).await;
-        if entries && result.is_ok() {
-            if let Ok(group) = GroupId::parse(&request.group) {
-                self.directory.appended(&group);
-            }
-        }
-        reply(&result)
+        self.authenticate(&request)?;
+        let payload = self.serve_append(&certs, &request.group, &request.payload).await?;
+        Ok(tonic::Response::new(RaftReply { payload }))
     }
 
     async fn vote(&self, request: tonic::Request<RaftRequest>) -> Result<tonic::Response<RaftReply>, tonic::Status> {
         let certs = peer_certs(&request);
         let request = request.into_inner();
-        let raft = self.group(&request)?;
-        let vote: VoteRequest<NodeId> = decode(&request)?;
-        let sender = vote.vote.leader_id().voted_for();
-        self.check_sender(&certs, sender)?;
-        sane_vote(&vote)?;
-        if let Some(peer) = sender {
-            self.directory.heard_from(peer);
+        self.authenticate(&request)?;
+        let payload = self.serve_vote(&certs, &request.group, &request.payload).await?;
+        Ok(tonic::Response::new(RaftReply { payload }))
+    }
+
+    type BatchStream = BatchAnswers;
+
+    async fn batch(&self, request: tonic::Request<RaftBatch>) -> Result<tonic::Response<BatchAnswers>, tonic::Status> {
+        let certs = peer_certs(&request);
+        let batch = request.into_inner();
+        self.authenticate_as(batch.cluster_id, &batch.secret)?;
+        if batch.calls.len() > BATCH_CALLS_ACCEPTED_MAX {
+            return Err(tonic::Status::invalid_argument(format!(
+                "a batch of {} Raft calls is over the limit of {BATCH_CALLS_ACCEPTED_MAX}",
+                batch.calls.len()
+            )));
         }
-        let (term, candidate_last) = (vote.vote.leader_id().get_term(), vote.last_log_id);
-        let answer = raft.vote(vote).await;
-        if let (Ok(answer), Some(candidate), Ok(group)) = (&answer, sender, GroupId::parse(&request.group)) {
-            // Refused for its log (this replica's is longer), not for a
-            // leader's lease or a vote already given in the term.
-            if !answer.vote_granted && answer.last_log_id > candidate_last {
-                self.directory.vote_refused(&group, candidate, term);
-            }
-        }
-        reply(&answer)
+        // Every call is served at once; each answer goes as it is ready.
+        // (`PeerCerts` is `()`, a copy, in the simulation.)
+        #[allow(clippy::clone_on_copy)]
+        let calls: futures_util::stream::FuturesUnordered<_> = batch
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(index, call)| self.clone().serve_call(certs.clone(), index, call))
+            .collect();
+        Ok(tonic::Response::new(Box::pin(futures_util::StreamExt::map(calls, Ok))))
     }
 
     async fn install_snapshot(
@@ -1019,7 +1132,7 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         let certs = peer_certs(&request);
         let request = request.into_inner();
         let raft = self.group(&request)?;
-        let chunk: InstallSnapshotRequest<TypeConfig> = decode(&request)?;
+        let chunk: InstallSnapshotRequest<TypeConfig> = decode(&request.payload)?;
         self.check_sender(&certs, chunk.vote.leader_id().voted_for())?;
         sane_snapshot(&chunk)?;
         reply(&raft.install_snapshot(chunk).await)
@@ -1029,7 +1142,7 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         let certs = peer_certs(&request);
         let request = request.into_inner();
         self.authenticate(&request)?;
-        let join: JoinRequest = decode(&request)?;
+        let join: JoinRequest = decode(&request.payload)?;
         self.check_sender(&certs, Some(join.broker))?;
         reply(&self.directory.join(join).await)
     }
@@ -1041,7 +1154,7 @@ impl<D: GroupDirectory> RaftTransport for TransportService<D> {
         let certs = peer_certs(&request);
         let request = request.into_inner();
         self.authenticate(&request)?;
-        let report: MoveSettledReport = decode(&request)?;
+        let report: MoveSettledReport = decode(&request.payload)?;
         // Any broker may report; the TLS handshake checked the cluster CA.
         self.check_sender(&certs, None)?;
         reply(&self.directory.move_settled(report).await)
@@ -1119,6 +1232,39 @@ mod tests {
         assert_eq!(refusal(7, "s3cret!", "metadata"), tonic::Code::Unauthenticated);
         assert_eq!(refusal(7, "s3cret", "metadata"), tonic::Code::NotFound);
         assert_eq!(refusal(7, "s3cret", "not a group"), tonic::Code::InvalidArgument);
+    }
+
+    /// A batch is authenticated as a whole and bounded; each of its calls
+    /// is answered by index with the status it would have had alone.
+    #[tokio::test]
+    async fn a_batch_answers_each_call_with_its_own_status() {
+        use futures_util::StreamExt;
+        let identity = ClusterIdentity { cluster_id: 7, secret: "s3cret".into() };
+        let service = TransportService::new(Arc::new(NoGroups), identity);
+        let call =
+            |rpc: i32, group: &str| RaftCall { rpc, group: group.into(), payload: Vec::new(), timeout_us: 1_000_000 };
+        let batch = |secret: &str, calls: Vec<RaftCall>| {
+            tonic::Request::new(RaftBatch { cluster_id: 7, secret: secret.into(), calls })
+        };
+        let refused = service.batch(batch("wrong", vec![call(2, "metadata")])).await.err().expect("refused");
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        let many = (0..=BATCH_CALLS_ACCEPTED_MAX).map(|_| call(2, "metadata")).collect();
+        let refused = service.batch(batch("s3cret", many)).await.err().expect("refused");
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        let calls = vec![call(1, "p/t/1/0"), call(2, "not a group"), call(7, "metadata"), call(0, "metadata")];
+        let answers = service.batch(batch("s3cret", calls)).await.expect("taken").into_inner();
+        let mut codes: Vec<(u32, tonic::Code)> =
+            answers.map(|a| a.expect("an answer")).map(|a| (a.index, tonic::Code::from_i32(a.code))).collect().await;
+        codes.sort_by_key(|(index, _)| *index);
+        assert_eq!(
+            codes,
+            [
+                (0, tonic::Code::NotFound),
+                (1, tonic::Code::InvalidArgument),
+                (2, tonic::Code::InvalidArgument),
+                (3, tonic::Code::InvalidArgument)
+            ]
+        );
     }
 
     /// A peer whose connection is open but silent (as behind a partition
