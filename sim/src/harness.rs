@@ -180,9 +180,10 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         // trip: no retention in negative controls.
         scenario.retention_bytes = None;
         scenario.retention_ms = None;
-        // Nor slow disks: the controls keep the traces their seeds (and
-        // seed bounds) were chosen on.
+        // Nor slow disks nor eager batches: the controls keep the traces
+        // their seeds (and seed bounds) were chosen on.
         scenario.disk_latency = None;
+        scenario.eager_batching = false;
         // Nor access control, unless the plant is about it: the controls
         // keep the runs their seeds were chosen for.
         scenario.access_control = plant == Plant::Bug(Bug::AclIgnored);
@@ -294,6 +295,7 @@ fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
         // A backstop: the driver bounds every phase itself.
         runtime.set_time_limit(Duration::from_millis(run_scenario.safety_ms + run_scenario.liveness_ms + 120_000));
         keel_core::planted::take_rejections();
+        keel_server::raft::batch::sim_batching::set(run_scenario.eager_batching);
         sim_sync_latency::set(run_scenario.disk_latency.map(|disk| sim_sync_latency::SyncLatency {
             us: disk.sync_us,
             stall_one_in: disk.stall_one_in,

@@ -394,6 +394,12 @@ pub struct Scenario {
     /// as seeds had before this lane).
     #[serde(default)]
     pub disk_latency: Option<DiskLatency>,
+    /// Brokers send partition groups' Raft calls to a peer in a batch as
+    /// soon as one call is in flight to it, not only beyond four (the
+    /// simulation's clusters seldom have four in flight): the batched
+    /// transport carries most calls.
+    #[serde(default)]
+    pub eager_batching: bool,
     /// Mean time between faults of one lane (node, network, clock, client).
     pub fault_interval_ms: u64,
     /// How long a fault lasts before it heals.
@@ -453,6 +459,7 @@ impl Scenario {
             retention_ms: None,
             slow_consumer: None,
             disk_latency: None,
+            eager_batching: false,
         }
         .with_later_lanes(&mut rng, all_faults)
     }
@@ -516,6 +523,7 @@ impl Scenario {
                 stall_ms: (20, rng.gen_range(50..=2_000)),
             });
         }
+        self.eager_batching = all_faults || rng.gen_bool(0.5);
         self
     }
 
@@ -619,7 +627,7 @@ impl Scenario {
             )) + &self.disk_latency.map_or_else(String::new, |disk| format!(
                 " fsyncs take {}-{} us, one in {} stalls {}-{} ms;",
                 disk.sync_us.0, disk.sync_us.1, disk.stall_one_in, disk.stall_ms.0, disk.stall_ms.1
-            )),
+            )) + if self.eager_batching { " Raft calls go in batches eagerly;" } else { "" },
             max_faults = self.max_faults.map_or_else(String::new, |n| format!(", at most {n}")),
             snapshots = match self.snapshot_every {
                 Some(n) => format!("every {n} entries"),

@@ -33,6 +33,40 @@ use super::types::NodeId;
 /// Calls to one peer in flight (each alone, or a batch) below which a new
 /// call goes alone, at once.
 pub const CALLS_ALONE_MAX: usize = 4;
+
+/// The simulation's eager batching: its clusters hold a few partitions, so
+/// four calls are seldom in flight to one peer and batches seldom form.
+/// While on, a call goes alone only when nothing is in flight to its peer
+/// (applies to every broker of the run; one simulation runs on one thread).
+#[cfg(madsim)]
+pub mod sim_batching {
+    use std::cell::Cell;
+
+    thread_local! {
+        static EAGER: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Batch calls as soon as one is in flight (`false`: as in production).
+    pub fn set(eager: bool) {
+        EAGER.with(|e| e.set(eager));
+    }
+
+    pub(super) fn calls_alone_max() -> usize {
+        if EAGER.with(Cell::get) {
+            1
+        } else {
+            super::CALLS_ALONE_MAX
+        }
+    }
+}
+
+/// The calls in flight to one peer below which a new call goes alone.
+fn calls_alone_max() -> usize {
+    #[cfg(madsim)]
+    return sim_batching::calls_alone_max();
+    #[cfg(not(madsim))]
+    CALLS_ALONE_MAX
+}
 /// Batches in flight to one peer, at most.
 pub const BATCH_SENDERS_MAX: usize = 2;
 /// Calls in one batch, at most (a peer refuses more than
@@ -109,7 +143,7 @@ impl PeerBatches {
         };
         let answered = {
             let mut queue = self.state.lock().expect("peer batches");
-            let busy = !queue.calls.is_empty() || queue.alone + queue.senders >= CALLS_ALONE_MAX;
+            let busy = !queue.calls.is_empty() || queue.alone + queue.senders >= calls_alone_max();
             if queue.unbatched || wire == RaftRpc::Unspecified || !busy {
                 queue.alone += 1;
                 Err(payload)

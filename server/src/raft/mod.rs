@@ -1,7 +1,7 @@
 //! Raft plumbing: the type configuration, the madsim runtime adapter and the
 //! transport between brokers.
 
-mod batch;
+pub mod batch;
 pub mod network;
 #[cfg(madsim)]
 pub mod runtime_sim;
