@@ -658,7 +658,11 @@ impl Client {
                         }
                         Next::Fail => return Err(ClientError::Refused(status)),
                         Next::Retry(hints) => {
-                            for hint in hints.into_iter().rev() {
+                            // Not the broker that just refused: a replica
+                            // whose group is stopped or not started yet names
+                            // itself among the replicas, and was asked again
+                            // and again, at once, until the deadline.
+                            for hint in hints.into_iter().rev().filter(|hint| *hint != address) {
                                 queue.retain(|a| *a != hint);
                                 queue.insert(0, hint);
                             }
@@ -1112,5 +1116,33 @@ mod tests {
         };
         assert!(!refuse_after(0).await, "no attempt went unanswered");
         assert!(refuse_after(1).await, "the first attempt timed out");
+    }
+
+    /// A broker that refuses naming itself among the replicas (its group
+    /// stopped or not started yet) is not asked again at once: the next
+    /// replica is. It was asked in a loop until the deadline.
+    #[tokio::test]
+    async fn a_refusing_broker_that_names_itself_is_not_asked_again_at_once() {
+        let (stopped, running) = ("127.0.0.1:1", "127.0.0.1:2");
+        let policy = RetryPolicy { deadline: Duration::from_secs(5), ..RetryPolicy::default() };
+        let client = Client::new(vec![stopped.to_string()], policy).unwrap();
+        let asked = std::sync::Mutex::new(Vec::new());
+        let answer = client
+            .attempts(Route::Metadata, Duration::ZERO, |address, _| {
+                asked.lock().unwrap().push(address.to_string());
+                let address = address.to_string();
+                async move {
+                    if address == running {
+                        return Ok(tonic::Response::new(()));
+                    }
+                    let mut status = Status::failed_precondition("partition t/0 is not hosted on broker 1");
+                    let replicas = format!("1@{stopped},2@{running}");
+                    status.metadata_mut().insert("keel-replicas", replicas.parse().unwrap());
+                    Err(status)
+                }
+            })
+            .await;
+        assert_eq!(answer.unwrap().1, running);
+        assert_eq!(*asked.lock().unwrap(), [stopped, running]);
     }
 }

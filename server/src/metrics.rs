@@ -145,6 +145,7 @@ pub struct Metrics {
     produced_bytes: Counter,
     polled_records: Counter,
     acks: Counter,
+    claims: Counter,
     append_entries: Counter,
     append_batches: Counter,
     raft_leader: Family<GroupLabels, Gauge>,
@@ -270,6 +271,7 @@ impl Metrics {
             produced_bytes: Counter::default(),
             polled_records: Counter::default(),
             acks: Counter::default(),
+            claims: Counter::default(),
             append_entries: Counter::default(),
             append_batches: Counter::default(),
             raft_leader: Family::default(),
@@ -339,6 +341,12 @@ impl Metrics {
         );
         registry.register("polled_records", "Records handed to consumers by polls", metrics.polled_records.clone());
         registry.register("acks", "Consumer acknowledgements committed", metrics.acks.clone());
+        registry.register(
+            "claims",
+            "Claims this broker wrote as a partition's leader, one per partition for a member's first poll of a \
+             generation (a claim an earlier leader wrote is not written again)",
+            metrics.claims.clone(),
+        );
         registry.register(
             "append_entries",
             "Raft entries proposed by this leader for produce requests (each carries one or more batches)",
@@ -505,6 +513,15 @@ impl Metrics {
 
     pub fn acked(&self) {
         self.acks.inc();
+    }
+
+    pub fn claimed(&self) {
+        self.claims.inc();
+    }
+
+    /// Claims written here since the broker started.
+    pub fn claims_written(&self) -> u64 {
+        self.claims.get()
     }
 
     /// Read the node's current Raft state and lag, then render everything

@@ -253,8 +253,9 @@ pub enum ProposeError {
     LeadershipLost { group: GroupId, term: u64 },
 }
 
-/// The claim this leader made for a group on one partition (soft state: a
-/// new leader claims again). Reads start where the member says its session
+/// The claim this leader made or found applied for a group on one
+/// partition (soft state: a new leader looks at its applied state, and
+/// claims again only if the claim there is not the member's). Reads start where the member says its session
 /// is, or at the committed position; never at a position kept here, so a
 /// reply lost on the way is read again rather than skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,8 +319,8 @@ struct NodeInner {
     /// metadata group (the group coordinator).
     sessions: Mutex<GroupSessions>,
     was_metadata_leader: Mutex<bool>,
-    /// The claim this leader made per consumer group on each partition
-    /// group led here (soft state: a new leader claims again). Keyed by the
+    /// The claim this leader made or found applied per consumer group on
+    /// each partition group led here (soft state: see [`Cursor`]). Keyed by the
     /// Raft group, which names the topic's incarnation, so a topic deleted
     /// and created again starts without claims; a stopped group's cursors
     /// are dropped with it.

@@ -455,3 +455,79 @@ async fn a_poll_of_many_partitions_shares_one_budget() {
     assert_eq!(poll(100, 0).await, [(2, 3), (0, 3), (1, 3), (3, 3)]);
     cluster.shutdown().await;
 }
+
+/// A claim made through one leader holds under the next: after the leader
+/// of a partition stops, the member's polls at the new leader write no
+/// claim again (after a failover that was one Raft write in every group
+/// the dead broker led, beside their elections: issue #12), and records
+/// still reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_serves_the_claim_made_through_the_old_one_without_writing_it_again() {
+    let dir = TempDir::new().unwrap();
+    let (mut cluster, client) = cluster_with_topic(&dir).await;
+    let mut producer = Producer::new(client.clone(), 0).await.unwrap();
+    for partition in 0..4 {
+        producer.send_to("jobs", partition, vec![record(format!("before-{partition}"))]).await.unwrap();
+    }
+    let mut member = Consumer::join(client.clone(), "workers", "m", vec!["jobs".into()], 60_000).await.unwrap();
+    let mut seen = 0;
+    for _ in 0..40 {
+        seen += member.poll(10, Duration::from_millis(200)).await.unwrap().len();
+        if seen == 4 {
+            break;
+        }
+    }
+    assert_eq!(seen, 4, "the first records were delivered (every partition claimed)");
+
+    let partition = TopicPartition::new(TopicName::new("jobs").unwrap(), PartitionIndex(0));
+    let old_leader = partition_leaders(&cluster)[0].expect("partition 0 has a leader");
+    let claims = |c: &LocalCluster| -> u64 {
+        c.live().filter(|node| node.id() != old_leader).map(|node| node.metrics().claims_written()).sum()
+    };
+    let claims_before = claims(&cluster);
+    cluster.stop(old_leader).await;
+    // The new leader's log once its own first entry is applied.
+    let log_of = |c: &LocalCluster| {
+        c.live().find_map(|node| {
+            let raft = node.raft(&node.partition_group(&partition)?)?;
+            let metrics = raft.metrics().borrow().clone();
+            let applied = metrics.last_applied.map(|l| l.index);
+            (metrics.current_leader == Some(node.id()) && metrics.last_log_index == applied)
+                .then_some((node.id(), applied.unwrap_or(0)))
+        })
+    };
+    cluster.eventually("a new leader of partition 0", DEADLINE, |c| log_of(c).is_some()).await.unwrap();
+    let (new_leader, before) = log_of(&cluster).unwrap();
+    assert_ne!(new_leader, old_leader);
+
+    // Poll until the new leader has served partition 0 to the member.
+    let mut served = false;
+    for _ in 0..60 {
+        member.poll(10, Duration::from_millis(200)).await.unwrap();
+        served |= member.last_polled().iter().any(|(p, _)| p.partition == 0);
+        if served {
+            break;
+        }
+    }
+    assert!(served, "the new leader of partition 0 served the member");
+    // Neither the new leader of partition 0 nor of any other partition the
+    // stopped broker led wrote a claim again (the member's polls retried
+    // there may have come before the log was looked at: count claims too).
+    assert_eq!(claims(&cluster), claims_before, "a new leader wrote a claim it had applied again");
+    let after = log_of(&cluster).map(|(_, index)| index);
+    assert_eq!(after, Some(before), "the new leader wrote to partition 0's log for a claim it had applied");
+
+    // And its records reach the member, through the same claim.
+    producer.send_to("jobs", 0, vec![record("after".to_string())]).await.unwrap();
+    let mut got = Vec::new();
+    for _ in 0..60 {
+        got.extend(member.poll(10, Duration::from_millis(200)).await.unwrap());
+        if !got.is_empty() {
+            break;
+        }
+    }
+    let values: Vec<_> =
+        got.iter().map(|d| String::from_utf8(d.record.record.clone().unwrap().value).unwrap()).collect();
+    assert_eq!(values, ["after"]);
+    cluster.shutdown().await;
+}

@@ -575,10 +575,21 @@ impl KeelService {
         if poll_fenced() {
             self.check_member_here(group, member, *member_epoch, *generation, &partition)?;
         }
-        let claimed = self
-            .node
-            .cursor(&group_id, group)
-            .is_some_and(|c| c.generation == *generation && c.member == *member && c.member_epoch == *member_epoch);
+        let ours = |c: &Cursor| c.generation == *generation && c.member == *member && c.member_epoch == *member_epoch;
+        let mut claimed = self.node.cursor(&group_id, group).is_some_and(|c| ours(&c));
+        if !claimed && self.claim_applied(&partition, group).is_some_and(|c| ours(&c)) {
+            // Claimed before, through an earlier leader: the claim this
+            // replica applied was committed, so it already fences every
+            // older generation. Writing it again would wake the partition's
+            // group for nothing, and after a failover that is a write in
+            // every group the dead broker led (thousands at once, beside
+            // their elections). A newer claim applied later is still
+            // caught by `look` and, before records go out, by `confirm`
+            // after its read index.
+            let cursor = Cursor { generation: *generation, member: member.clone(), member_epoch: *member_epoch };
+            self.node.set_cursor(&group_id, group, cursor);
+            claimed = true;
+        }
         if !claimed {
             let command = PartitionCommand::Claim {
                 group: group.to_string(),
@@ -588,6 +599,7 @@ impl KeelService {
             };
             match self.propose_partition_in(&group_id, &partition, command).await {
                 Ok(PartitionOutcome::Claimed { .. }) => {
+                    self.node.metrics().claimed();
                     let cursor =
                         Cursor { generation: *generation, member: member.clone(), member_epoch: *member_epoch };
                     self.node.set_cursor(&group_id, group, cursor)
@@ -600,6 +612,14 @@ impl KeelService {
         }
         let applied = self.node.applied_waiters(&group_id).ok_or_else(|| self.hosted_elsewhere(&partition))?;
         Ok(Polling { partition, group_id, offset: wanted.offset, applied })
+    }
+
+    /// The claim of `group` on `partition` that this replica has applied
+    /// (committed, so in every later leader's log too).
+    fn claim_applied(&self, partition: &TopicPartition, group: &GroupName) -> Option<Cursor> {
+        let state = self.node.partition(partition)?;
+        let claim = state.groups().get(group)?.claim.as_ref()?;
+        Some(Cursor { generation: claim.generation, member: claim.member.clone(), member_epoch: claim.member_epoch })
     }
 
     /// What `partition` holds for `poller` now, at most `max_records`
