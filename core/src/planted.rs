@@ -99,11 +99,17 @@ pub enum Bug {
     /// crash: a vote saved since the last checkpoint is lost at a power
     /// cut, and the node may vote twice in one term (G1 at the cut).
     VotesNotReplayed,
+    /// A broker hands each answer of a batch of Raft calls to the call
+    /// after it (an off-by-one in the index): a group takes another group's
+    /// vote or appended entries for its own. Where the answer does not fit
+    /// what the group sent, openraft stops the broker (G7); where it fits,
+    /// a group may count a vote or an append it never got.
+    BatchAnswersMisrouted,
 }
 
 impl Bug {
     /// Every bug, in a fixed order.
-    pub const ALL: [Bug; 24] = [
+    pub const ALL: [Bug; 25] = [
         Bug::CommitWithoutFence,
         Bug::NoIdempotence,
         Bug::WallClockApply,
@@ -128,6 +134,7 @@ impl Bug {
         Bug::DuplicateAnswersNewest,
         Bug::PollWithoutReadIndex,
         Bug::VotesNotReplayed,
+        Bug::BatchAnswersMisrouted,
     ];
 
     /// The name used on the command line.
@@ -157,6 +164,7 @@ impl Bug {
             Bug::DuplicateAnswersNewest => "duplicate-answers-newest",
             Bug::PollWithoutReadIndex => "poll-without-read-index",
             Bug::VotesNotReplayed => "votes-not-replayed",
+            Bug::BatchAnswersMisrouted => "batch-answers-misrouted",
         }
     }
 }

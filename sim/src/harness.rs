@@ -111,6 +111,7 @@ impl Plant {
             Plant::Bug(Bug::DuplicateAnswersNewest) => G1,
             Plant::Bug(Bug::PollWithoutReadIndex) => G5,
             Plant::Bug(Bug::VotesNotReplayed) => G1,
+            Plant::Bug(Bug::BatchAnswersMisrouted) => G7,
         }
     }
 
@@ -130,6 +131,7 @@ impl Plant {
             Plant::Bug(Bug::WriteErrorsIgnored) => &[FaultKind::DiskFull],
             Plant::Bug(Bug::QuietForever) => &[FaultKind::LeaderCrash],
             Plant::Bug(Bug::PollWithoutReadIndex) => &[FaultKind::PartitionBrokers],
+            Plant::Bug(Bug::BatchAnswersMisrouted) => &[FaultKind::LeaderCrash, FaultKind::Crash],
             Plant::Bug(_) | Plant::StateAcrossRuns => &[],
         }
     }
@@ -183,7 +185,7 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         // Nor slow disks nor eager batches: the controls keep the traces
         // their seeds (and seed bounds) were chosen on.
         scenario.disk_latency = None;
-        scenario.eager_batching = false;
+        scenario.eager_batching = plant == Plant::Bug(Bug::BatchAnswersMisrouted);
         // Nor access control, unless the plant is about it: the controls
         // keep the runs their seeds were chosen for.
         scenario.access_control = plant == Plant::Bug(Bug::AclIgnored);

@@ -248,6 +248,15 @@ pub(super) async fn call_alone(to: &Destination, rpc: Rpc, group: &str, payload:
     Ok(reply.into_inner().payload)
 }
 
+/// The planted bug: each answer goes to the call after its own.
+#[cfg(madsim)]
+fn misrouted(mut reply: keel_proto::raft::RaftCallReply, calls: usize) -> keel_proto::raft::RaftCallReply {
+    if keel_core::planted::is_planted(keel_core::planted::Bug::BatchAnswersMisrouted) && calls > 1 {
+        reply.index = ((reply.index as usize + 1) % calls) as u32;
+    }
+    reply
+}
+
 /// Send one batch and hand each call its answer (or its error).
 async fn send_batch(to: &Destination, batch: Vec<Queued>) -> Refused {
     let timeout = batch.iter().map(|q| Duration::from_micros(q.call.timeout_us)).max().unwrap_or_default();
@@ -261,6 +270,8 @@ async fn send_batch(to: &Destination, batch: Vec<Queued>) -> Refused {
     let exchange = async {
         let mut stream = client(to)?.batch(request).await?.into_inner();
         while let Some(reply) = stream.message().await? {
+            #[cfg(madsim)]
+            let reply = misrouted(reply, answers.len());
             let Some(answer) = answers.get_mut(reply.index as usize).and_then(Option::take) else {
                 continue; // an index not asked for, or answered twice: ignored
             };
