@@ -255,9 +255,10 @@ pub enum ProposeError {
 
 /// The claim this leader made or found applied for a group on one
 /// partition (soft state: a new leader looks at its applied state, and
-/// claims again only if the claim there is not the member's). Reads start where the member says its session
-/// is, or at the committed position; never at a position kept here, so a
-/// reply lost on the way is read again rather than skipped.
+/// claims again only if the claim there is not the member's). Reads start
+/// where the member says its session is, or at the committed position;
+/// never at a position kept here, so a reply lost on the way is read again
+/// rather than skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
     pub generation: Generation,
@@ -320,8 +321,8 @@ struct NodeInner {
     sessions: Mutex<GroupSessions>,
     was_metadata_leader: Mutex<bool>,
     /// The claim this leader made or found applied per consumer group on
-    /// each partition group led here (soft state: see [`Cursor`]). Keyed by the
-    /// Raft group, which names the topic's incarnation, so a topic deleted
+    /// each partition group led here (soft state: see [`Cursor`]). Keyed by
+    /// the Raft group, which names the topic's incarnation, so a topic deleted
     /// and created again starts without claims; a stopped group's cursors
     /// are dropped with it.
     cursors: Mutex<BTreeMap<(GroupId, GroupName), Cursor>>,

@@ -182,8 +182,9 @@ pub fn scenario_for(seed: u64, options: RunOptions) -> Scenario {
         // trip: no retention in negative controls.
         scenario.retention_bytes = None;
         scenario.retention_ms = None;
-        // Nor slow disks nor eager batches: the controls keep the traces
-        // their seeds (and seed bounds) were chosen on.
+        // Nor slow disks nor eager batches (but for the plant about
+        // batches): the controls keep the traces their seeds (and seed
+        // bounds) were chosen on.
         scenario.disk_latency = None;
         scenario.eager_batching = plant == Plant::Bug(Bug::BatchAnswersMisrouted);
         // Nor access control, unless the plant is about it: the controls
