@@ -33,6 +33,26 @@ fn record(value: String) -> pb::Record {
     pb::Record { value: value.into_bytes(), ..Default::default() }
 }
 
+/// A record on each of `jobs`' four partitions, and `member` of `group`
+/// (a minute's session: no heartbeat ends a call early) once it has
+/// polled all four, so has claimed every partition and learnt its leaders.
+async fn warmed_member(client: &Client, group: &str, member: &str) -> (Producer, Consumer) {
+    let mut producer = Producer::new(client.clone(), 0).await.unwrap();
+    for partition in 0..4 {
+        producer.send_to("jobs", partition, vec![record(format!("warm-{partition}"))]).await.unwrap();
+    }
+    let mut consumer = Consumer::join(client.clone(), group, member, vec!["jobs".into()], 60_000).await.unwrap();
+    let mut warm = 0;
+    for _ in 0..40 {
+        warm += consumer.poll(10, Duration::from_millis(200)).await.unwrap().len();
+        if warm == 4 {
+            break;
+        }
+    }
+    assert_eq!(warm, 4, "the warm-up records were delivered (every partition claimed)");
+    (producer, consumer)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_share_partitions_and_an_old_generation_is_fenced() {
     let dir = TempDir::new().unwrap();
@@ -189,20 +209,7 @@ async fn a_long_poll_outlives_the_request_timeout_and_claims_go_with_their_topic
 async fn a_record_on_any_broker_ends_the_members_wait() {
     let dir = TempDir::new().unwrap();
     let (mut cluster, client) = cluster_with_topic(&dir).await;
-    let mut producer = Producer::new(client.clone(), 0).await.unwrap();
-    for partition in 0..4 {
-        producer.send_to("jobs", partition, vec![record(format!("warm-{partition}"))]).await.unwrap();
-    }
-    // A minute's session: no heartbeat ends a call early.
-    let mut member = Consumer::join(client.clone(), "waiters", "w", vec!["jobs".into()], 60_000).await.unwrap();
-    let mut warm = 0;
-    for _ in 0..40 {
-        warm += member.poll(10, Duration::from_millis(200)).await.unwrap().len();
-        if warm == 4 {
-            break;
-        }
-    }
-    assert_eq!(warm, 4, "the warm-up records were delivered");
+    let (_, mut member) = warmed_member(&client, "waiters", "w").await;
     let leaders = partition_leaders(&cluster);
     // Each partition twice in a row: a member polling one broker at a time
     // moves on to the next between the two.
@@ -465,19 +472,7 @@ async fn a_poll_of_many_partitions_shares_one_budget() {
 async fn a_new_leader_serves_the_claim_made_through_the_old_one_without_writing_it_again() {
     let dir = TempDir::new().unwrap();
     let (mut cluster, client) = cluster_with_topic(&dir).await;
-    let mut producer = Producer::new(client.clone(), 0).await.unwrap();
-    for partition in 0..4 {
-        producer.send_to("jobs", partition, vec![record(format!("before-{partition}"))]).await.unwrap();
-    }
-    let mut member = Consumer::join(client.clone(), "workers", "m", vec!["jobs".into()], 60_000).await.unwrap();
-    let mut seen = 0;
-    for _ in 0..40 {
-        seen += member.poll(10, Duration::from_millis(200)).await.unwrap().len();
-        if seen == 4 {
-            break;
-        }
-    }
-    assert_eq!(seen, 4, "the first records were delivered (every partition claimed)");
+    let (mut producer, mut member) = warmed_member(&client, "workers", "m").await;
 
     let partition = TopicPartition::new(TopicName::new("jobs").unwrap(), PartitionIndex(0));
     let old_leader = partition_leaders(&cluster)[0].expect("partition 0 has a leader");
