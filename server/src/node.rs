@@ -349,6 +349,10 @@ struct NodeInner {
     /// Which partition groups may elect now (see `waves`).
     waves: waves::Waves,
     metrics: crate::metrics::Metrics,
+    /// Set once the node starts to stop: long-running calls (long polls,
+    /// produce streams) end, so that the servers' graceful shutdown does not
+    /// wait for them.
+    stopping: Stopping,
     /// Tells the servers to stop (one waiter each: the client API server and
     /// the internal one).
     stop_servers: [Arc<Notify>; 2],
@@ -470,6 +474,7 @@ impl Node {
             quiet: quiesce::Quiescence::default(),
             waves: waves::Waves::default(),
             metrics,
+            stopping: Stopping::default(),
             stop_servers: [Arc::new(Notify::new()), Arc::new(Notify::new())],
             servers: Mutex::new(Vec::new()),
             server_failure: Arc::new(Mutex::new(None)),
@@ -634,6 +639,16 @@ impl Node {
                 return;
             }
         }
+    }
+
+    /// Whether the node has begun to stop ([`Node::shutdown`]).
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stopping.is_set()
+    }
+
+    /// Resolves once the node begins to stop (at once if it has).
+    pub async fn stopping(&self) {
+        self.inner.stopping.wait().await
     }
 
     /// This broker's id.
@@ -1101,6 +1116,10 @@ impl Node {
     /// Stop the node: its groups, the server and every task. The store is
     /// released once the last handle is dropped.
     pub async fn shutdown(&self) {
+        // End long polls and produce streams, which would otherwise hold
+        // their connections (and so the servers' graceful shutdown) for up
+        // to a poll's longest wait, or for ever.
+        self.inner.stopping.stop();
         // Stop the servers first, closing their connections, so that peers
         // reconnect to whatever runs on these addresses next.
         for stop in &self.inner.stop_servers {
@@ -1135,5 +1154,36 @@ impl Node {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tracing::warn!(node = self.id(), "node stopped but its store is still in use");
+    }
+}
+
+/// A one-way flag many tasks can wait on: set once, when the node begins to
+/// stop. A `Notify` (woken in the order its waiters came) beside the flag,
+/// not a watch channel, whose many waiters wake in no fixed order.
+#[derive(Default)]
+struct Stopping {
+    set: std::sync::atomic::AtomicBool,
+    notify: Notify,
+}
+
+impl Stopping {
+    fn stop(&self) {
+        self.set.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    fn is_set(&self) -> bool {
+        self.set.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    async fn wait(&self) {
+        let notified = self.notify.notified();
+        let mut notified = std::pin::pin!(notified);
+        // Registered before the flag is read, so a stop in between wakes it.
+        notified.as_mut().enable();
+        if self.is_set() {
+            return;
+        }
+        notified.await
     }
 }

@@ -526,3 +526,63 @@ async fn a_new_leader_serves_the_claim_made_through_the_old_one_without_writing_
     assert_eq!(values, ["after"]);
     cluster.shutdown().await;
 }
+
+/// A stopping broker ends the calls that would hold its connections: a
+/// long poll is answered (empty) and a produce stream ends once what it
+/// read is answered. Before, the server's graceful shutdown waited for
+/// them up to its 5 s limit, and then the groups were stopped under a
+/// server that still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_broker_ends_its_long_polls_and_produce_streams() {
+    use keel_proto::v1::keel_client::KeelClient;
+    let dir = TempDir::new().unwrap();
+    let (mut cluster, client) = cluster_with_topic(&dir).await;
+    let (_producer, member) = warmed_member(&client, "workers", "m").await;
+    let leader = partition_leaders(&cluster)[0].expect("partition 0 has a leader");
+    let metadata = cluster.node(leader).unwrap().metadata();
+    let address = metadata.brokers().get(&keel_core::BrokerId(leader)).unwrap().address.clone();
+    let channel = tonic::transport::Channel::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
+
+    // A poll of partition 0, which has nothing new: it would wait 30 s.
+    let poll = pb::PollPartitionsRequest {
+        group: "workers".into(),
+        member: "m".into(),
+        generation: member.generation(),
+        member_epoch: member.member_epoch(),
+        // Past the warm-up record, which was not acked.
+        partitions: vec![pb::PollPartition {
+            topic: "jobs".into(),
+            partition: 0,
+            offset: Some(1),
+            ..Default::default()
+        }],
+        max_wait_ms: 30_000,
+        ..Default::default()
+    };
+    let polling = tokio::spawn({
+        let mut raw = KeelClient::new(channel.clone());
+        async move { raw.poll_partitions(poll).await }
+    });
+    // A produce stream, answered once (a request without its body: nothing
+    // is written that would end the poll) and left open.
+    let (requests, queued) = tokio::sync::mpsc::channel::<pb::ProduceStreamRequest>(4);
+    let outgoing = futures_util::stream::unfold(queued, |mut queued| async move {
+        queued.recv().await.map(|request| (request, queued))
+    });
+    let mut answers = KeelClient::new(channel).produce_stream(outgoing).await.unwrap().into_inner();
+    requests.send(pb::ProduceStreamRequest { id: 1, request: None }).await.unwrap();
+    let answer = answers.message().await.unwrap().expect("an answer");
+    assert!(matches!(answer.result, Some(pb::produce_stream_response::Result::Error(_))), "{answer:?}");
+    // Let the poll reach its wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!polling.is_finished(), "the poll was answered before the broker stopped");
+
+    cluster.stop(leader).await;
+    assert!(polling.is_finished(), "the stopped broker's long poll is still waiting");
+    let polled = polling.await.unwrap();
+    assert!(polled.is_ok(), "a stopping broker answers its long polls: {polled:?}");
+    let ended = tokio::time::timeout(Duration::from_secs(2), answers.message()).await;
+    assert!(matches!(ended, Ok(Ok(None)) | Ok(Err(_))), "the produce stream is still open: {ended:?}");
+    drop(requests);
+    cluster.shutdown().await;
+}

@@ -544,7 +544,9 @@ impl KeelService {
                     Ok((records, _)) => !records.is_empty(),
                     Err(refusal) => !passing(refusal),
                 });
-            if answer_now || tokio::time::Instant::now() >= deadline {
+            // A stopping broker answers what it has, so that its server's
+            // graceful shutdown need not wait out the poll.
+            if answer_now || tokio::time::Instant::now() >= deadline || self.node.is_stopping() {
                 let confirmed =
                     polling.iter().zip(reads).map(|((_, partition), read)| self.confirm(poller, partition, read));
                 for ((slot, _), answer) in polling.iter().zip(join_all(confirmed).await) {
@@ -557,6 +559,7 @@ impl KeelService {
                 biased;
                 _ = select_all(records_or_claim) => {}
                 _ = &mut membership => {}
+                _ = self.node.stopping() => {}
                 _ = tokio::time::sleep_until(recheck.min(deadline)) => {}
             }
         }

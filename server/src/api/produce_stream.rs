@@ -10,7 +10,8 @@
 //! One task per stream reads requests while fewer than
 //! [`STREAM_REQUESTS_IN_FLIGHT_MAX`] are being handled and sends answers;
 //! a reader that stops taking answers stops the reading (HTTP/2 flow
-//! control then holds the client back).
+//! control then holds the client back). When the broker stops, the stream
+//! ends once the requests read are answered.
 
 use std::pin::Pin;
 
@@ -56,6 +57,10 @@ impl KeelService {
     ) {
         let mut handling = FuturesUnordered::new();
         let mut reading = true;
+        // A stopping broker reads no more requests, answers those it has
+        // read and ends the stream; the client sends the rest elsewhere.
+        let stopping = self.node.stopping();
+        let mut stopping = std::pin::pin!(stopping);
         loop {
             tokio::select! {
                 biased;
@@ -64,6 +69,7 @@ impl KeelService {
                         return; // the client went away
                     }
                 }
+                _ = &mut stopping, if reading => reading = false,
                 next = incoming.message(), if reading && handling.len() < STREAM_REQUESTS_IN_FLIGHT_MAX => {
                     match next {
                         Ok(Some(request)) => handling.push(self.produce_one(&caller, request)),
