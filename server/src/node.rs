@@ -855,7 +855,13 @@ impl Node {
     /// This replica's state of a partition, if it is hosted here (shared,
     /// not copied).
     pub fn partition(&self, partition: &TopicPartition) -> Option<Arc<PartitionState>> {
-        let handle = self.group_handle(partition)?;
+        self.partition_in(&self.partition_group(partition)?)
+    }
+
+    /// The applied state of partition group `group` (one incarnation of a
+    /// topic's partition), if it runs here.
+    pub fn partition_in(&self, group: &GroupId) -> Option<Arc<PartitionState>> {
+        let handle = self.inner.groups.lock().expect("groups").get(group).cloned()?;
         let state = handle.state_machine.state();
         let state = state.lock().expect("partition state");
         match &*state {

@@ -580,7 +580,7 @@ impl KeelService {
         }
         let ours = |c: &Cursor| c.generation == *generation && c.member == *member && c.member_epoch == *member_epoch;
         let mut claimed = self.node.cursor(&group_id, group).is_some_and(|c| ours(&c));
-        if !claimed && self.claim_applied(&partition, group).is_some_and(|c| ours(&c)) {
+        if !claimed && self.claim_applied(&group_id, group).is_some_and(|c| ours(&c)) {
             // Claimed before, through an earlier leader: the claim this
             // replica applied was committed, so it already fences every
             // older generation. Writing it again would wake the partition's
@@ -617,10 +617,12 @@ impl KeelService {
         Ok(Polling { partition, group_id, offset: wanted.offset, applied })
     }
 
-    /// The claim of `group` on `partition` that this replica has applied
-    /// (committed, so in every later leader's log too).
-    fn claim_applied(&self, partition: &TopicPartition, group: &GroupName) -> Option<Cursor> {
-        let state = self.node.partition(partition)?;
+    /// The claim of `group` that this replica has applied in partition
+    /// group `group_id` (committed, so in every later leader's log too).
+    /// Read by the group the cursor is set on, not by name: a topic
+    /// deleted and created again meanwhile is another group.
+    fn claim_applied(&self, group_id: &GroupId, group: &GroupName) -> Option<Cursor> {
+        let state = self.node.partition_in(group_id)?;
         let claim = state.groups().get(group)?.claim.as_ref()?;
         Some(Cursor { generation: claim.generation, member: claim.member.clone(), member_epoch: claim.member_epoch })
     }
