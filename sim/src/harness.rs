@@ -1620,6 +1620,22 @@ fn lane_nodes(world: World, over: Arc<AtomicBool>) -> std::pin::Pin<Box<dyn std:
                     power_cut(&world, broker, rng.gen());
                     restart_after_disk_fault(&handle, broker, &mut rng).await;
                 }
+                FaultKind::Restart => {
+                    let broker = &brokers[0];
+                    // Stopped from its own host, as SIGTERM would: a stop
+                    // that never ends holds this lane, and the run fails
+                    // its liveness bound.
+                    if let (Some(node), Some(host)) = (broker.node(), handle.get_node(broker.host)) {
+                        let _ = host.spawn(async move { node.shutdown().await }).await;
+                    }
+                    // A clean stop closed the store: a power cut now keeps
+                    // everything it reported persisted (G1 at the cut).
+                    power_cut(&world, broker, rng.gen());
+                    madsim::time::sleep(duration).await;
+                    if !broker.decommissioned.load(Ordering::SeqCst) {
+                        handle.restart(broker.host);
+                    }
+                }
                 FaultKind::Kill => {
                     let broker = &brokers[0];
                     kill_and_check(&world, broker);

@@ -75,13 +75,19 @@ pub enum FaultKind {
     /// answering clients from a state that stops moving (what a read index
     /// is for).
     PartitionBrokers,
+    /// An operator's restart (SIGTERM, then start again): a broker stops
+    /// gracefully while clients use it (its long polls answered, its
+    /// produce streams ended, its groups stopped, its store closed), then
+    /// its power is cut, so nothing it reported persisted may be missing
+    /// from the disk, and it starts again.
+    Restart,
 }
 
 impl FaultKind {
     /// Every kind. A seed draws the first [`FaultKind::FIRST_DRAWN`] in one
     /// go and the later ones after the rest of its scenario, so that adding
     /// a kind leaves every earlier choice of every seed as it was.
-    pub const ALL: [FaultKind; 23] = [
+    pub const ALL: [FaultKind; 24] = [
         FaultKind::Crash,
         FaultKind::LeaderCrash,
         FaultKind::Pause,
@@ -105,6 +111,7 @@ impl FaultKind {
         FaultKind::Duplication,
         FaultKind::ClientSplit,
         FaultKind::PartitionBrokers,
+        FaultKind::Restart,
     ];
 
     /// Kinds drawn with the first choices of a seed (the ones that existed
@@ -117,6 +124,8 @@ impl FaultKind {
     pub const THIRD_DRAWN: usize = 20;
     /// Kinds drawn before the slow consumer; the ones after, after it.
     pub const FOURTH_DRAWN: usize = 22;
+    /// Kinds drawn before eager batching; the ones after, after it.
+    pub const FIFTH_DRAWN: usize = 23;
 
     pub fn name(self) -> &'static str {
         match self {
@@ -143,6 +152,7 @@ impl FaultKind {
             FaultKind::Duplication => "duplication",
             FaultKind::ClientSplit => "client-split",
             FaultKind::PartitionBrokers => "partition-brokers",
+            FaultKind::Restart => "restart",
         }
     }
 
@@ -159,6 +169,7 @@ impl FaultKind {
                 | FaultKind::Kill
                 | FaultKind::DiskFull
                 | FaultKind::DiskFailure
+                | FaultKind::Restart
         )
     }
 
@@ -509,7 +520,7 @@ impl Scenario {
             let pause_ms = rng.gen_range(300..=self.session_timeout_ms / 2);
             self.slow_consumer = Some(SlowConsumer { pause_ms, records_per_poll: rng.gen_range(1..=3) });
         }
-        for kind in &FaultKind::ALL[FaultKind::FOURTH_DRAWN..] {
+        for kind in &FaultKind::ALL[FaultKind::FOURTH_DRAWN..FaultKind::FIFTH_DRAWN] {
             if all_faults || rng.gen_bool(0.5) {
                 self.faults.push(*kind);
             }
@@ -524,6 +535,12 @@ impl Scenario {
             });
         }
         self.eager_batching = all_faults || rng.gen_bool(0.5);
+        for kind in &FaultKind::ALL[FaultKind::FIFTH_DRAWN..] {
+            if all_faults || rng.gen_bool(0.5) {
+                self.faults.push(*kind);
+            }
+        }
+        self.faults.sort();
         self
     }
 
