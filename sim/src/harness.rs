@@ -461,8 +461,9 @@ impl World {
         client.with_credentials(credentials).expect("a new client")
     }
 
+    /// The brokers running, but for one being stopped (its groups gone).
     fn live_nodes(&self) -> Vec<Node> {
-        self.brokers.iter().filter_map(SimBroker::node).collect()
+        self.brokers.iter().filter_map(SimBroker::node).filter(|node| !node.is_stopping()).collect()
     }
 }
 
@@ -1512,8 +1513,10 @@ fn some_leader(world: &World, rng: &mut impl Rng) -> Option<u64> {
     let nodes = world.live_nodes();
     let node = nodes.first()?;
     let groups = node.groups();
-    let group = &groups[rng.gen_range(0..groups.len())];
-    let leader = nodes.iter().find_map(|n| n.raft(group).and_then(|r| r.metrics().borrow().current_leader));
+    // The first live broker may host no group at this instant.
+    let group = groups.get(rng.gen_range(0..groups.len().max(1)));
+    let leader =
+        group.and_then(|g| nodes.iter().find_map(|n| n.raft(g).and_then(|r| r.metrics().borrow().current_leader)));
     leader.or_else(|| node.raft(&GroupId::Metadata).and_then(|r| r.metrics().borrow().current_leader))
 }
 
@@ -1738,7 +1741,15 @@ fn check_failover(world: &World, crashed: u64, led: &[(GroupId, BTreeSet<u64>)],
                 left * 2 > config.len()
             })
         });
-        if !others_up || !same_voters || !majority_left {
+        // A group whose topic was deleted since (or deleted and created
+        // again, which makes new groups) is stopped, not failed over.
+        let still_placed = match group {
+            GroupId::Partition(partition, _) => {
+                nodes.iter().all(|n| n.partition_group(partition).as_ref() == Some(group))
+            }
+            GroupId::Metadata => true,
+        };
+        if !others_up || !same_voters || !majority_left || !still_placed {
             continue;
         }
         let leader = replicas.iter().find(|(_, m)| m.state == openraft::ServerState::Leader).map(|(id, _)| *id);
