@@ -1,7 +1,8 @@
 //! `ProduceStream` against a real `keel serve`: each request on the stream
 //! gets exactly the answer Produce would give it, by its id, and the client
 //! library, which sends every produce on a stream, opens a new one when a
-//! broker restart breaks the old.
+//! broker restart breaks the old, and a broker stopped with SIGTERM ends its
+//! streams and long polls before it exits.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -87,4 +88,51 @@ async fn the_client_opens_a_new_stream_after_a_broker_restart() {
         .expect("taken after the restart");
     assert_eq!(answer.base_offset, 1);
     drop(restarted);
+}
+
+/// SIGTERM while a member's long poll and a produce stream are open: the
+/// broker answers the poll (empty), ends the stream and exits cleanly. It
+/// used to wait 5 s for them, then stop its groups under a server that
+/// still answered, and the poll died with the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_a_long_poll_and_ends_a_stream_before_the_broker_exits() {
+    let (_dir, broker, address) = one_broker().await;
+    let client = Client::new(vec![address.clone()], RetryPolicy::default()).unwrap();
+    create_and_wait(&client, "s").await;
+    let member = keel_client::Consumer::join(client.clone(), "g", "m", vec!["s".into()], 60_000).await.unwrap();
+    let channel = Channel::from_shared(format!("http://{address}")).unwrap().connect().await.unwrap();
+
+    // Past the one record: the poll would wait its whole 30 s.
+    let poll = pb::PollPartitionsRequest {
+        group: "g".into(),
+        member: "m".into(),
+        generation: member.generation(),
+        member_epoch: member.member_epoch(),
+        partitions: vec![pb::PollPartition { topic: "s".into(), partition: 0, offset: Some(1), ..Default::default() }],
+        max_wait_ms: 30_000,
+        ..Default::default()
+    };
+    let polling = tokio::spawn({
+        let mut raw = KeelClient::new(channel.clone());
+        async move { raw.poll_partitions(poll).await }
+    });
+    let (requests, queued) = tokio::sync::mpsc::channel::<pb::ProduceStreamRequest>(4);
+    let outgoing = futures_util::stream::unfold(queued, |mut queued| async move {
+        queued.recv().await.map(|request| (request, queued))
+    });
+    let mut answers = KeelClient::new(channel).produce_stream(outgoing).await.unwrap().into_inner();
+    // A request without its body: answered (so the stream is open) and
+    // nothing written that would end the poll.
+    requests.send(pb::ProduceStreamRequest { id: 1, request: None }).await.unwrap();
+    assert!(answers.message().await.unwrap().is_some(), "the stream answers");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!polling.is_finished(), "the poll was answered before SIGTERM");
+
+    let status = tokio::task::spawn_blocking(move || broker.terminate()).await.unwrap();
+    assert!(status.success(), "keel serve exited with {status}");
+    let polled = polling.await.unwrap();
+    let polled = polled.expect("a stopping broker answers its long polls");
+    assert_eq!(polled.into_inner().partitions.len(), 1);
+    assert!(matches!(answers.message().await, Ok(None) | Err(_)), "the stream ended");
+    drop(requests);
 }
