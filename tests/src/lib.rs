@@ -21,6 +21,20 @@ pub fn keel_binary() -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut build = Command::new(cargo);
         build.args(["build", "-p", "keel-server", "--bin", "keel"]);
+        // Without what cargo set for this test crate: a build script that
+        // watches one of these (ring's watches CARGO_MANIFEST_DIR) would
+        // otherwise see it change between this build and a build from the
+        // shell, and half the workspace would be compiled again each time.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            let set_for_the_test = ["CARGO_PKG_", "CARGO_BIN_"].iter().any(|prefix| name.starts_with(prefix))
+                || ["CARGO_MANIFEST_DIR", "CARGO_MANIFEST_PATH", "CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE"]
+                    .contains(&name.as_ref())
+                || ["CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&name.as_ref());
+            if set_for_the_test {
+                build.env_remove(name.as_ref());
+            }
+        }
         if profile_dir.file_name().is_some_and(|name| name == "release") {
             build.arg("--release");
         }
