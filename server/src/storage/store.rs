@@ -537,7 +537,9 @@ impl NodeStore {
             txn.commit()?;
             Ok(value)
         })();
-        if result.is_err() {
+        // A store closed by a shutdown wrote nothing and failed nothing: a
+        // snapshot still being streamed then is refused, not a disk fault.
+        if result.as_ref().is_err_and(|error| !matches!(error, StoreError::Closed)) {
             self.poisoned.store(true, Ordering::SeqCst);
         }
         result
@@ -1435,6 +1437,22 @@ mod tests {
             held.poison_and_release().await;
             let reported = appended.await;
             assert!(reported.is_err(), "an append after a failure was reported persisted: {reported:?}");
+        });
+    }
+
+    /// A write after a shutdown closed the store (a snapshot still being
+    /// streamed, say) is refused as closed; it is no disk fault, so the
+    /// node is not reported failed (a graceful stop in the simulation was
+    /// taken for a broker failure).
+    #[test]
+    fn a_write_after_close_is_refused_without_poisoning_the_store() {
+        runtime().block_on(async {
+            let disk = NodeDisk::new();
+            let store = NodeStore::open_on_disk(&disk, 1 << 20).unwrap();
+            store.close();
+            let refused = store.write_now(false, |_| Ok(()));
+            assert!(matches!(refused, Err(StoreError::Closed)), "{refused:?}");
+            assert!(!store.is_poisoned(), "closing the store poisoned it");
         });
     }
 
