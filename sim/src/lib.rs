@@ -13,7 +13,10 @@
 //! - `harness` (simulation builds): one run of one seed.
 //! - `shrink` (simulation builds): a failing run down to its smallest scenario.
 //! - [`timeline`]: a history as a self-contained HTML timeline (pure).
+//! - `allocator` (simulation builds): how the simulation's mimalloc runs.
 
+#[cfg(all(madsim, unix))]
+pub mod allocator;
 pub mod checkers;
 #[cfg(madsim)]
 pub mod harness;
