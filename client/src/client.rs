@@ -1026,8 +1026,14 @@ impl Client {
         let (mut low, mut high) = (bounds.log_start, bounds.high_watermark);
         while low < high {
             let middle = low + (high - low) / 2;
-            let request =
-                pb::ReadRequest { topic: topic.to_string(), partition, offset: middle, max_records: 1, max_bytes: 0 };
+            let request = pb::ReadRequest {
+                topic: topic.to_string(),
+                partition,
+                offset: middle,
+                max_records: 1,
+                max_bytes: 0,
+                any_replica: false,
+            };
             let appended_at = match self.read(request).await {
                 Ok(response) => response.records.first().map(|r| (r.offset, r.append_time_ms)),
                 // Retention moved the log start past `middle` meanwhile.

@@ -1186,6 +1186,9 @@ async fn read_by_offset(world: World) {
             offset,
             max_records: rng.gen_range(1..=20),
             max_bytes: if rng.gen_bool(0.5) { rng.gen_range(16..=256) } else { 0 },
+            // Half from whichever replica the client asks (G2 holds what
+            // a lagging follower serves too), half from the leader.
+            any_replica: rng.gen_bool(0.5),
         };
         // Below the log start (retention) or a broker behind: refused.
         let Ok(read) = client.read(request).await else { continue };

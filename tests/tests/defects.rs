@@ -197,6 +197,7 @@ async fn replies_keep_to_the_servers_byte_budget() {
         offset: 0,
         max_records,
         max_bytes,
+        any_replica: false,
     };
     let defaults = c.read(read(0, 0)).await.unwrap().into_inner().records.len();
     assert!((1..=5).contains(&defaults), "a default read returned {defaults} records of 1 MiB");

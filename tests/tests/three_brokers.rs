@@ -15,10 +15,11 @@ fn high_watermarks(broker: &str) -> Vec<u64> {
     described["partitions"].as_array().unwrap().iter().map(|p| keel_tests::number(&p["high_watermark"])).collect()
 }
 
+/// The records of `partition` in the replica on `broker` (not its leader's).
 fn values(broker: &str, partition: u32) -> Vec<String> {
     let out = cli_ok(
         broker,
-        &["read", "events", "--partition", &partition.to_string(), "--max-records", "10000", "--json"],
+        &["read", "events", "--partition", &partition.to_string(), "--max-records", "10000", "--json", "--any-replica"],
         "",
     );
     out.lines()
@@ -376,5 +377,62 @@ fn a_group_position_is_read_on_the_leader_and_a_follower_names_it() {
         let position = client.group_position("g", "events", 0).await.unwrap();
         assert!(position.committed);
         assert_eq!((position.position, position.high_watermark), (3, 3));
+    });
+}
+
+/// `keel read` right after `keel produce`, through a follower: every
+/// acknowledged record, because the leader answers reads (a follower may
+/// not have learned the last commits yet: the leader tells it with the next
+/// AppendEntries). A follower asked names the leader; asked for any
+/// replica, it answers from its own.
+#[test]
+fn a_read_is_answered_by_the_leader_and_by_a_follower_only_when_asked() {
+    use keel_proto::v1 as pb;
+    let cluster = Cluster::start();
+    let b1 = cluster.addresses[0].clone();
+    cli_ok(&b1, &["topic", "create", "events", "--partitions", "1", "--replication-factor", "3"], "");
+    // The first produce waits for the partition to have a leader.
+    cli_ok(&b1, &["produce", "events"], &(0..5).map(|i| format!("r0-{i}\n")).collect::<String>());
+    let described: serde_json::Value =
+        serde_json::from_str(&cli_ok(&b1, &["topic", "describe", "events", "--json"], "")).unwrap();
+    let leader = keel_tests::number(&described["partitions"][0]["leader"]) as usize;
+    assert!(leader >= 1, "partition 0 has a leader: {described}");
+    let leader_address = cluster.addresses[leader - 1].clone();
+    let follower = cluster.addresses[leader % 3].clone();
+
+    for round in 1..20 {
+        let records: String = (0..5).map(|i| format!("r{round}-{i}\n")).collect();
+        cli_ok(&follower, &["produce", "events"], &records);
+        let read = cli_ok(&follower, &["read", "events", "--max-records", "1000", "--format", "%v\n"], "");
+        assert_eq!(read.lines().count(), 5 * (round + 1), "round {round}: {read}");
+    }
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    runtime.block_on(async {
+        let channel =
+            tonic::transport::Channel::from_shared(format!("http://{follower}")).unwrap().connect().await.unwrap();
+        let mut raw = pb::keel_client::KeelClient::new(channel);
+        let request = |any_replica| pb::ReadRequest {
+            topic: "events".into(),
+            partition: 0,
+            offset: 0,
+            max_records: 1000,
+            max_bytes: 0,
+            any_replica,
+        };
+        let refused = raw.read(request(false)).await.expect_err("a follower does not answer a read");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+        let named = refused.metadata().get("keel-leader").and_then(|v| v.to_str().ok());
+        assert_eq!(named, Some(format!("{leader}@{leader_address}").as_str()), "{refused:?}");
+        // Its own replica: the 100 records once it learned they committed.
+        let started = Instant::now();
+        loop {
+            let read = raw.read(request(true)).await.expect("a follower answers from its replica").into_inner();
+            if read.records.len() == 100 {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "the follower holds {} records", read.records.len());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     });
 }

@@ -339,6 +339,13 @@ impl KeelService {
     ) -> Result<Response<pb::ReadResponse>, Status> {
         let request = request.into_inner();
         let partition = self.partition(&request.topic, request.partition).await?;
+        // A follower may not have learned the last commits yet (its leader
+        // tells it with the next AppendEntries, within 10 ms):
+        // only the leader, confirmed by a quorum, holds every acknowledged
+        // record for sure.
+        if !request.any_replica {
+            self.confirm_leadership(&partition).await?;
+        }
         let (max_records, max_bytes) = read_budget(request.max_records, request.max_bytes);
         let result = self
             .node

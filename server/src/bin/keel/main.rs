@@ -720,6 +720,12 @@ struct ReadArgs {
     /// are committed, until Ctrl-C (like `tail -f`).
     #[arg(long)]
     follow: bool,
+    /// Read from the replica on the broker asked (--broker), without asking
+    /// the partition's leader: it may lack the latest commits (normally
+    /// those of the last 10 ms). By default the leader answers, with every acknowledged
+    /// record.
+    #[arg(long)]
+    any_replica: bool,
     #[command(flatten)]
     output: RecordOutput,
 }
@@ -2377,6 +2383,7 @@ async fn read(args: ReadArgs, connection: &Connection) -> anyhow::Result<()> {
             offset,
             max_records: args.max_records,
             max_bytes: 0,
+            any_replica: args.any_replica,
         };
         let response = tokio::select! {
             biased;
