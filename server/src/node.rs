@@ -92,6 +92,17 @@ pub const PROPOSAL_LEADERSHIP_CHECK: Duration = Duration::from_millis(100);
 /// than this is logged: at thousands of groups such rounds delay every
 /// Raft message the broker takes in.
 pub const SLOW_ROUND: Duration = Duration::from_millis(100);
+/// How long a partition group's commit may wait to reach a follower with
+/// the next AppendEntries before it is sent alone (openraft's
+/// `commit_alone_after`, keel's vendored change). Records one at a time
+/// then take two AppendEntries calls per follower, not four: the next
+/// record's entry, sent within about a millisecond, carries the commit.
+/// A follower learns a commit up to this late, so what it has applied lags
+/// its leader by as much: reads go to the leader unless they ask for any
+/// replica (`ReadRequest::any_replica`). The metadata group sends every
+/// commit at once: each broker acts on its own applied metadata (a new
+/// topic's replicas start its group only once they applied it).
+pub const PARTITION_COMMIT_ALONE_AFTER: Duration = Duration::from_millis(10);
 
 /// Run one background round, `name`, and log it if it took longer than
 /// [`SLOW_ROUND`].
@@ -440,8 +451,12 @@ impl Node {
     /// the transport server, the reconciler and the leader duties.
     pub async fn start(config: NodeConfig, store: Arc<NodeStore>, clock: Clock) -> Result<Node, StartError> {
         let raft_config = Arc::new(config.raft.clone().validate()?);
-        let partition_raft_config =
-            Arc::new(openraft::Config { enable_elect: false, enable_tick: false, ..(*raft_config).clone() });
+        let partition_raft_config = Arc::new(openraft::Config {
+            enable_elect: false,
+            enable_tick: false,
+            commit_alone_after: PARTITION_COMMIT_ALONE_AFTER.as_millis() as u64,
+            ..(*raft_config).clone()
+        });
         let identity = ClusterIdentity { cluster_id: config.cluster_id, secret: config.cluster_secret.clone() };
         let metrics = crate::metrics::Metrics::new();
         #[cfg(not(madsim))]

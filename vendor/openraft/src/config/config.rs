@@ -128,6 +128,13 @@ pub struct Config {
     #[clap(long, default_value = "50")]
     pub heartbeat_interval: u64,
 
+    /// keel: how long, in milliseconds, a commit may wait to reach a
+    /// follower with the next AppendEntries (entries or a heartbeat) before
+    /// it is sent in an AppendEntries of its own. `0` (upstream's way)
+    /// sends every commit at once.
+    #[clap(long, default_value = "0")]
+    pub commit_alone_after: u64,
+
     /// The timeout for sending then installing the last snapshot segment,
     /// in millisecond. It is also used as the timeout for sending a non-last segment, if
     /// `send_snapshot_timeout` is 0.

@@ -142,6 +142,11 @@ where
     /// Next replication action to run.
     next_action: Option<Data<C>>,
 
+    /// keel: when a commit this follower was not sent yet must go out on
+    /// its own (an AppendEntries without entries), unless entries or a
+    /// heartbeat carry it first (`Config::commit_alone_after`).
+    commit_due: Option<InstantOf<C>>,
+
     /// Appropriate number of entries to send.
     /// This is only used by AppendEntries RPC.
     entries_hint: ReplicationHint,
@@ -197,6 +202,7 @@ where
             rx_event,
             weak_tx_event: tx_event.downgrade(),
             next_action: None,
+            commit_due: None,
             entries_hint: Default::default(),
         };
 
@@ -224,6 +230,11 @@ where
             tracing::debug!(replication_data = display(&d), "{} send replication RPC", func_name!());
 
             let request_id = d.request_id();
+
+            // keel: every AppendEntries carries the latest commit.
+            if matches!(d, Data::Heartbeat | Data::Logs(_)) {
+                self.commit_due = None;
+            }
 
             let res = match d {
                 Data::Heartbeat => {
@@ -634,12 +645,37 @@ where
         // If there is next action to run, do not block waiting for events,
         // instead, just try the best to drain all events.
         if self.next_action.is_none() {
-            let event =
-                self.rx_event.recv().await.ok_or(ReplicationClosed::new("rx_repl is closed in drain_event()"))?;
-            self.process_event(event);
+            match self.commit_due.clone() {
+                None => {
+                    let event = self
+                        .rx_event
+                        .recv()
+                        .await
+                        .ok_or(ReplicationClosed::new("rx_repl is closed in drain_event()"))?;
+                    self.process_event(event);
+                }
+                // keel: wait for entries to carry the commit, until it is due.
+                Some(due) => {
+                    let now = C::now();
+                    let sleep = C::sleep(if due > now { due - now } else { Duration::ZERO });
+                    select! {
+                        biased;
+                        recv_res = self.rx_event.recv() => {
+                            let event = recv_res.ok_or(ReplicationClosed::new("rx_repl is closed in drain_event()"))?;
+                            self.process_event(event);
+                        }
+                        _ = sleep => {
+                            if self.next_action.is_none() {
+                                self.next_action = Some(Data::new_heartbeat());
+                            }
+                        }
+                    }
+                }
+            }
         }
 
-        // Returning from process_event(), next_action is never None.
+        // Returning from here, next_action may still be None: a commit
+        // waits for its time (keel: `commit_due`); the main loop calls again.
 
         self.try_drain_events().await?;
 
@@ -681,7 +717,23 @@ where
                     self.committed.summary()
                 );
 
+                let newer = c > self.committed;
                 self.committed = c;
+
+                // keel: with `commit_alone_after`, a commit goes to the
+                // follower with the next AppendEntries (entries or a
+                // heartbeat), and on its own only once that time passed
+                // without one. Raft needs the commit index only "in future
+                // AppendEntries RPCs (including heartbeats)"; upstream sent
+                // an AppendEntries without entries for every commit, half
+                // of all AppendEntries calls when records come one at a time.
+                let wait = Duration::from_millis(self.config.commit_alone_after);
+                if !wait.is_zero() {
+                    if newer && self.commit_due.is_none() {
+                        self.commit_due = Some(C::now() + wait);
+                    }
+                    return;
+                }
 
                 // If there is no action, fill in an heartbeat action to send committed index.
                 if self.next_action.is_none() {
