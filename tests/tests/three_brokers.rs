@@ -72,6 +72,16 @@ impl Cluster {
         self.brokers[i] = Some(self.start_broker(i));
     }
 
+    /// The leader of `topic`'s partition 0 (its id and address) and the
+    /// address of a follower of it.
+    fn leader_and_follower(&self, topic: &str) -> (usize, String, String) {
+        let described: serde_json::Value =
+            serde_json::from_str(&cli_ok(&self.addresses[0], &["topic", "describe", topic, "--json"], "")).unwrap();
+        let leader = keel_tests::number(&described["partitions"][0]["leader"]) as usize;
+        assert!(leader >= 1, "partition 0 has a leader: {described}");
+        (leader, self.addresses[leader - 1].clone(), self.addresses[leader % 3].clone())
+    }
+
     /// Ready once every broker is registered.
     fn wait_ready(&self) {
         let started = Instant::now();
@@ -354,12 +364,7 @@ fn a_group_position_is_read_on_the_leader_and_a_follower_names_it() {
     cli_ok(&b1, &["topic", "create", "events", "--partitions", "1", "--replication-factor", "3"], "");
     cli_ok(&b1, &["produce", "events"], "one\ntwo\nthree\n");
     cli_ok(&b1, &["group", "reset", "g", "--topic", "events", "--to", "latest"], "");
-    let described: serde_json::Value =
-        serde_json::from_str(&cli_ok(&b1, &["topic", "describe", "events", "--json"], "")).unwrap();
-    let leader = keel_tests::number(&described["partitions"][0]["leader"]) as usize;
-    assert!(leader >= 1, "partition 0 has a leader: {described}");
-    let leader_address = cluster.addresses[leader - 1].clone();
-    let follower = cluster.addresses[leader % 3].clone();
+    let (leader, leader_address, follower) = cluster.leader_and_follower("events");
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     runtime.block_on(async {
@@ -393,12 +398,7 @@ fn a_read_is_answered_by_the_leader_and_by_a_follower_only_when_asked() {
     cli_ok(&b1, &["topic", "create", "events", "--partitions", "1", "--replication-factor", "3"], "");
     // The first produce waits for the partition to have a leader.
     cli_ok(&b1, &["produce", "events"], &(0..5).map(|i| format!("r0-{i}\n")).collect::<String>());
-    let described: serde_json::Value =
-        serde_json::from_str(&cli_ok(&b1, &["topic", "describe", "events", "--json"], "")).unwrap();
-    let leader = keel_tests::number(&described["partitions"][0]["leader"]) as usize;
-    assert!(leader >= 1, "partition 0 has a leader: {described}");
-    let leader_address = cluster.addresses[leader - 1].clone();
-    let follower = cluster.addresses[leader % 3].clone();
+    let (leader, leader_address, follower) = cluster.leader_and_follower("events");
 
     for round in 1..20 {
         let records: String = (0..5).map(|i| format!("r{round}-{i}\n")).collect();
