@@ -6,7 +6,7 @@
 //! a few simulated milliseconds later. mimalloc by default gives freed
 //! pages back to the kernel after a second and then takes them back as
 //! new, zeroed pages. The simulation keeps them instead: about 4% more
-//! seeds a minute for a few per cent more peak memory (BENCHMARKS.md,
+//! seeds a minute at about the same peak memory (BENCHMARKS.md,
 //! 2026-12-07). Sweep workers are replaced every few seeds anyway, which
 //! returns everything.
 //!
