@@ -163,11 +163,14 @@ impl Tls {
                 let accepted = accepted.clone();
                 tokio::spawn(async move {
                     let _permit = permit;
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream).into_fallible()).await {
                         Ok(Ok(stream)) => {
                             let _ = accepted.send(stream).await;
                         }
-                        Ok(Err(error)) => tracing::debug!(%peer, %error, "a TLS handshake failed"),
+                        Ok(Err((error, stream))) => {
+                            tracing::debug!(%peer, %error, "a TLS handshake failed");
+                            close_after_alert(stream).await;
+                        }
                         Err(_) => tracing::debug!(%peer, "a TLS handshake timed out"),
                     }
                 });
@@ -175,6 +178,38 @@ impl Tls {
         });
         incoming
     }
+}
+
+/// Longest a refused connection is kept open so that the client reads the
+/// TLS alert that says why.
+const REFUSED_LINGER: Duration = Duration::from_secs(1);
+/// Bytes of a refused client's data read and thrown away while it lingers.
+const REFUSED_DRAIN_BYTES_MAX: usize = 64 * 1024;
+
+/// Closes a connection whose handshake failed without losing the alert
+/// rustls wrote to it. Under TLS 1.3 a client sends its first request
+/// before the broker has checked its certificate; closing a socket with
+/// that request unread sends a reset, and a reset makes the client's kernel
+/// drop the alert before the client reads it, so the client sees a bare
+/// transport error and retries instead of reporting the refused
+/// certificate. So: end our side, read what the client sent until it
+/// closes (bounded in time and bytes), then drop.
+async fn close_after_alert(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        let mut buffer = [0u8; 4096];
+        let mut drained = 0;
+        while drained < REFUSED_DRAIN_BYTES_MAX {
+            match stream.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => drained += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSED_LINGER, drain).await;
 }
 
 /// The DNS name a broker's certificate carries to prove its id.
