@@ -168,6 +168,11 @@ pub struct RunReport {
     /// Rejections the state machines recorded, by kind (`metadata:Kind`
     /// or `partition:Kind`), over every replica's apply.
     pub rejections: BTreeMap<String, u64>,
+    /// Whether anything of the run outlived its runtime: a task left
+    /// waiting on a host that was not killed keeps its cluster (disks,
+    /// stores, Raft groups) alive through its wakers, and a sweep's worker
+    /// then grows with every seed it runs (see `release_hosts`).
+    pub world_retained: bool,
 }
 
 /// The name under which [`RunReport::faults`] counts the slow-disk lane's
@@ -304,15 +309,19 @@ fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
             stall_one_in: disk.stall_one_in,
             stall_ms: disk.stall_ms,
         }));
-        let ms = runtime.block_on(simulate(run_scenario, run_recorder, lying));
-        (ms, keel_core::planted::take_rejections(), sim_sync_latency::take_stalls())
+        let (ms, world) = runtime.block_on(simulate(run_scenario, run_recorder, lying));
+        drop(runtime);
+        let world_retained = world.strong_count() > 0;
+        (ms, keel_core::planted::take_rejections(), sim_sync_latency::take_stalls(), world_retained)
     })
     .join();
     let mut rejections = BTreeMap::new();
     let mut stalls = 0;
+    let mut world_retained = false;
     let simulated_ms = match outcome {
-        Ok((ms, counted, stalled)) => {
+        Ok((ms, counted, stalled, retained)) => {
             stalls = stalled;
+            world_retained = retained;
             rejections = counted.into_iter().map(|((machine, kind), n)| (format!("{machine}:{kind}"), n)).collect();
             ms
         }
@@ -363,6 +372,7 @@ fn run_once(scenario: Scenario, plant: Option<Plant>) -> RunReport {
         snapshots,
         compacted_bytes,
         rejections,
+        world_retained,
     }
 }
 
@@ -428,6 +438,11 @@ struct World {
     brokers_split_on: Arc<AtomicBool>,
     /// The brokers cut off by the latest brokers-only split.
     brokers_split_small: Arc<Mutex<Vec<u64>>>,
+    /// Tasks the driver left running on its own host (which cannot be
+    /// killed), aborted when the run ends ([`release_hosts`]).
+    detached: Arc<Mutex<Vec<madsim::task::JoinHandle<()>>>>,
+    /// Held by every clone of the world: gone once the run freed them all.
+    lifetime: Arc<()>,
 }
 
 impl World {
@@ -626,8 +641,9 @@ struct BrokerSlot {
     decommissioned: Arc<AtomicBool>,
 }
 
-/// The whole run; returns the simulated milliseconds it took.
-async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
+/// The whole run; returns the simulated milliseconds it took and a handle
+/// that tells whether the run's [`World`] outlived it.
+async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> (u64, std::sync::Weak<()>) {
     let handle = Handle::current();
     let start = Instant::now();
     let mut brokers: Vec<SimBroker> = (1..=scenario.brokers)
@@ -653,6 +669,8 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
         brokers_splits: Arc::new(AtomicU64::new(0)),
         brokers_split_on: Arc::new(AtomicBool::new(false)),
         brokers_split_small: Arc::new(Mutex::new(Vec::new())),
+        detached: Arc::new(Mutex::new(Vec::new())),
+        lifetime: Arc::new(()),
     };
     world.record("driver", EventKind::Phase { name: "setup".into() });
     // The driver's own host has no address: client calls run on an admin host.
@@ -741,7 +759,31 @@ async fn simulate(scenario: Scenario, recorder: Recorder, lying: bool) -> u64 {
     sampler.abort();
     world.record("driver", EventKind::Phase { name: "final".into() });
     final_reads(&world).await;
-    world.now_ms()
+    let simulated_ms = world.now_ms();
+    release_hosts(&world).await;
+    (simulated_ms, Arc::downgrade(&world.lifetime))
+}
+
+/// Kills every host of the run and aborts the driver's detached tasks, so
+/// that the runtime drops their futures. madsim frees a task only when it
+/// runs it or kills its node: a task left waiting when the run ends is held
+/// by the wakers in its peers' channels and in the timer queue, which it
+/// holds in turn (a sleep holds the timer queue). Without this a sweep's
+/// worker kept every finished seed's cluster (its disks, stores and Raft
+/// groups: 75 MB for a 42-partition seed) until it exited
+/// ([`RunReport::world_retained`]).
+async fn release_hosts(world: &World) {
+    let handle = Handle::current();
+    let brokers = world.brokers.iter().map(|broker| broker.host);
+    for host in brokers.chain(world.producer_hosts.iter().copied()).chain(world.consumer_hosts.iter().copied()) {
+        handle.kill(host);
+    }
+    for task in world.detached.lock().expect("detached").drain(..) {
+        task.abort();
+    }
+    // The killed and aborted tasks were woken; the executor drops them
+    // before it polls this task again.
+    madsim::task::yield_now().await;
 }
 
 /// The workload's user, whose rules grant everything the workload does.
@@ -1956,12 +1998,14 @@ fn lane_raw_entries(
             }
         }
         if filled {
-            madsim::task::spawn(async move {
+            let detached = world.detached.clone();
+            let clearing = madsim::task::spawn(async move {
                 for _ in 0..CLEAR_ROUNDS_AFTER {
                     entries.clear_fills(&world).await;
                     madsim::time::sleep(Duration::from_millis(500)).await;
                 }
             });
+            detached.lock().expect("detached").push(clearing);
         }
     })
 }
@@ -2308,15 +2352,16 @@ impl RawEntries {
         let applied = |raised: Option<Applied>| matches!(raised, Some(Applied::Metadata(Ok(_))));
         while !applied(propose_to_leader(world, &GroupId::Metadata, &raise).await) {
             if over.load(Ordering::SeqCst) {
-                let world = world.clone();
-                madsim::task::spawn(async move {
+                let raiser = world.clone();
+                let raising = madsim::task::spawn(async move {
                     for _ in 0..RAISE_ATTEMPTS {
-                        if applied(propose_to_leader(&world, &GroupId::Metadata, &raise).await) {
+                        if applied(propose_to_leader(&raiser, &GroupId::Metadata, &raise).await) {
                             break;
                         }
                         madsim::time::sleep(Duration::from_millis(500)).await;
                     }
                 });
+                world.detached.lock().expect("detached").push(raising);
                 return;
             }
             madsim::time::sleep(Duration::from_millis(500)).await;

@@ -21,9 +21,13 @@ const SWEEP_SEEDS: u64 = 60;
 fn sweep(seeds: std::ops::Range<u64>) {
     let mut failures = Vec::new();
     let mut duplicates = 0;
+    let mut retained = Vec::new();
     for seed in seeds.clone() {
         let report = run_seed(seed, RunOptions { all_faults: true, plant: None });
         duplicates += report.verdict.duplicates;
+        if report.world_retained {
+            retained.push(seed);
+        }
         if !report.verdict.violations.is_empty() {
             failures.push(format!(
                 "seed {seed}: {:?}\n  replay: cargo keel-sim -- replay --seed {seed} --all-faults --history seed-{seed}.jsonl",
@@ -33,6 +37,10 @@ fn sweep(seeds: std::ops::Range<u64>) {
     }
     eprintln!("seeds {seeds:?}: {duplicates} duplicate deliveries (allowed)");
     assert!(failures.is_empty(), "violations:\n{}", failures.join("\n"));
+    // A sweep's worker runs seed after seed: a run that leaves its cluster
+    // behind (a task left waiting on a host the harness does not kill)
+    // grows the worker by the whole cluster.
+    assert!(retained.is_empty(), "seeds whose cluster outlived the run: {retained:?}");
 }
 
 #[test]

@@ -202,6 +202,9 @@ mod cli {
         compacted_bytes: u64,
         #[serde(default)]
         rejections: BTreeMap<String, u64>,
+        /// The run's cluster outlived it (`RunReport::world_retained`).
+        #[serde(default)]
+        world_retained: bool,
         violations: Vec<String>,
     }
 
@@ -220,6 +223,7 @@ mod cli {
                 snapshots_installed: 0,
                 compacted_bytes: 0,
                 rejections: BTreeMap::new(),
+                world_retained: false,
                 violations: vec![violation],
             }
         }
@@ -258,6 +262,7 @@ mod cli {
             snapshots_installed: report.snapshots.1,
             compacted_bytes: report.compacted_bytes,
             rejections: report.rejections.clone(),
+            world_retained: report.world_retained,
             violations: report.verdict.violations.iter().map(|v| format!("{}: {}", v.guarantee, v.message)).collect(),
         }
     }
@@ -722,6 +727,11 @@ mod cli {
                 done.iter().map(|s| s.compacted_bytes).sum::<u64>(),
                 done.iter().filter(|s| s.compacted_bytes > 0).count(),
                 done.len()
+            ),
+            format!(
+                "runs whose cluster outlived them (a worker's memory grows with each): {} {:?}",
+                done.iter().filter(|s| s.world_retained).count(),
+                done.iter().filter(|s| s.world_retained).map(|s| s.seed).collect::<Vec<_>>()
             ),
         ]
     }
