@@ -91,11 +91,11 @@ fn issue_broker(ca: &Authority, id: u64) -> (String, String) {
     ca.issue(&names.iter().map(String::as_str).collect::<Vec<_>>(), false)
 }
 
-/// `keel ARGS --broker BROKER --timeout 5s`.
 /// Times each refused client is tried in
 /// `a_tls_broker_serves_the_clients_it_trusts_and_refuses_the_rest`.
 const REFUSALS_PER_CASE: usize = 5;
 
+/// `keel ARGS --broker BROKER --timeout 5s`.
 fn keel(broker: &str, args: &[&str]) -> Output {
     std::process::Command::new(keel_tests::keel_binary())
         .args(args)
