@@ -72,7 +72,9 @@ impl KeelService {
                 _ = &mut stopping, if reading => reading = false,
                 next = incoming.message(), if reading && handling.len() < STREAM_REQUESTS_IN_FLIGHT_MAX => {
                     match next {
-                        Ok(Some(request)) => handling.push(self.produce_one(&caller, request)),
+                        // Boxed: moving the request's large future into the set
+                        // was 7% of a leader's request threads under r3-256.
+                        Ok(Some(request)) => handling.push(Box::pin(self.produce_one(&caller, request))),
                         Ok(None) => reading = false,
                         Err(status) => {
                             tracing::debug!(%status, "a produce stream broke; answering what was read");

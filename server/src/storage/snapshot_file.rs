@@ -331,7 +331,14 @@ impl Read for SnapshotFile {
 impl AsyncRead for SnapshotFile {
     fn poll_read(self: Pin<&mut Self>, _cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let count = this.read_here(buf.initialize_unfilled()).map_err(to_io)?;
+        this.ready().map_err(to_io)?;
+        // Zero only what one read can fill: openraft reads a chunk into a
+        // buffer of a whole chunk's capacity (1 MiB), and zeroing all of it
+        // for a snapshot of a few KiB, twice per chunk, cost more than the
+        // read.
+        let left = usize::try_from(this.length.saturating_sub(this.position)).unwrap_or(usize::MAX);
+        let fillable = left.min(CHUNK_BYTES).min(buf.remaining());
+        let count = this.read_here(buf.initialize_unfilled_to(fillable)).map_err(to_io)?;
         buf.advance(count);
         Poll::Ready(Ok(()))
     }
