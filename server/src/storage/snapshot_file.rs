@@ -453,4 +453,35 @@ mod tests {
             assert_eq!(back, data);
         });
     }
+
+    /// openraft's sender reads each chunk into a buffer of a whole chunk's
+    /// capacity, seeking to the chunk's offset first; offsets need not fall
+    /// on the store's own chunks, and the last read ends the snapshot.
+    #[test]
+    fn reads_into_a_chunk_sized_buffer_as_openraft_sends() {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(async {
+            let store = store();
+            for (key, len, send_chunk) in [("g/small", 3_000, CHUNK_BYTES), ("g/big", 2 * CHUNK_BYTES + 77, 700_001)] {
+                let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+                let mut file = SnapshotFile::create(store.clone(), key.into()).unwrap();
+                file.write_all(&data).await.unwrap();
+                file.shutdown().await.unwrap();
+                let mut reader = SnapshotFile::open(store.clone(), key.into()).unwrap();
+                let mut sent = Vec::new();
+                while sent.len() < len {
+                    reader.seek(SeekFrom::Start(sent.len() as u64)).await.unwrap();
+                    let mut buf = Vec::with_capacity(send_chunk);
+                    while buf.capacity() > buf.len() {
+                        if AsyncReadExt::read_buf(&mut reader, &mut buf).await.unwrap() == 0 {
+                            break;
+                        }
+                    }
+                    assert!(!buf.is_empty(), "{key}: a read before the end returned nothing");
+                    sent.extend_from_slice(&buf);
+                }
+                assert_eq!(sent, data, "{key}");
+            }
+        });
+    }
 }
