@@ -3,7 +3,10 @@
 //! The Raft log is the partition log: a record is stored once, inside the
 //! log entry that appended it (a frame of the node's segment log). The state machine keeps only an index of
 //! runs (`RECORD_RUNS`): each row says that offsets `[base, base + count)`
-//! are records `first..` of batch `batch` of the entry at `log_index`. A
+//! are the records of the entry at `log_index` from record `first` of batch
+//! `batch` on, in the entry's order (a run may go on into the following
+//! batches: one row for an entry of many one-record produce requests, not
+//! one per request). A
 //! replica that installed a snapshot has no such entries; the records it
 //! received are copied into `RECORDS` and indexed by a `Copied` run.
 //!
@@ -34,8 +37,11 @@ type ReadOnlyKeyed = ReadOnlyTable<(&'static str, u64), &'static [u8]>;
 /// Where a run of consecutive offsets is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) enum Run {
-    /// Records `first..first + count` of batch `batch` of the log entry at
-    /// `log_index`, all appended at `append_time_ms`.
+    /// `count` records of the log entry at `log_index`, from record `first`
+    /// of batch `batch` on in the entry's order (on into the next batches
+    /// past the end of this one), all appended at `append_time_ms`. A run
+    /// never spans a record that was not appended (a rejected or duplicate
+    /// batch ends it).
     InLog { log_index: u64, batch: u32, first: u32, count: u64, append_time_ms: TimestampMs },
     /// `count` records copied into `RECORDS` (received in a snapshot).
     Copied { count: u64 },
@@ -54,8 +60,10 @@ impl Run {
             Run::InLog { log_index, batch, first, count, append_time_ms } => Run::InLog {
                 log_index,
                 batch,
-                // `skip < count` and `first + count` fits a batch: it fits.
-                first: first + skip as u32,
+                // `skip < count`, and an entry holds far fewer than
+                // `u32::MAX` records (it is at most `ENTRY_BYTES_MAX` and
+                // a message's limit).
+                first: first.saturating_add(u32::try_from(skip).unwrap_or(u32::MAX)),
                 count: count - skip,
                 append_time_ms,
             },
@@ -135,9 +143,19 @@ impl EntryCache {
             self.entry = Some((log_index, batches));
         }
         let batches = &self.entry.as_ref().expect("just filled").1;
-        batches.get(batch as usize).and_then(|records| records.get(position as usize)).cloned().ok_or_else(|| {
+        // A run goes on into the next batches: record `position` counted
+        // from the start of batch `batch`, in the entry's order.
+        let mut left = position as usize;
+        let found = batches.iter().skip(batch as usize).find_map(|records| match records.get(left) {
+            Some(record) => Some(record),
+            None => {
+                left -= records.len();
+                None
+            }
+        });
+        found.cloned().ok_or_else(|| {
             StoreError::Inconsistent(format!(
-                "{group}'s log entry {log_index} has no record {position} in batch {batch}"
+                "{group}'s log entry {log_index} has no record {position} from batch {batch} on"
             ))
         })
     }
@@ -197,6 +215,10 @@ pub struct RecordWriter<'a, 'txn> {
     group: &'a str,
     /// The log index of the entry being applied.
     log_index: u64,
+    /// Where each batch of the entry being applied starts, counted in
+    /// records from the entry's first: a run goes on across batches only
+    /// where no record between was left out.
+    batch_starts: Vec<u64>,
     /// The run being extended, not yet written: `(base, run)`.
     pending: Option<(Offset, Run)>,
     cache: RefCell<EntryCache>,
@@ -214,16 +236,36 @@ impl<'a, 'txn> RecordWriter<'a, 'txn> {
             segments,
             group,
             log_index: 0,
+            batch_starts: Vec::new(),
             pending: None,
             cache: RefCell::default(),
         })
     }
 
-    /// The entry applied next is at `log_index`.
-    pub(crate) fn entry(&mut self, log_index: u64) -> Result<(), StoreError> {
+    /// The entry applied next is at `log_index` and holds `command`.
+    pub(crate) fn entry(&mut self, log_index: u64, command: Option<&PartitionCommand>) -> Result<(), StoreError> {
         self.flush()?;
         self.log_index = log_index;
+        self.batch_starts.clear();
+        let mut start = 0u64;
+        let mut starts_at = |records: usize| {
+            self.batch_starts.push(start);
+            start += records as u64;
+        };
+        match command {
+            Some(PartitionCommand::Append { records, .. }) => starts_at(records.len()),
+            Some(PartitionCommand::AppendBatches { batches }) => {
+                batches.iter().for_each(|b| starts_at(b.records.len()))
+            }
+            _ => {}
+        }
         Ok(())
+    }
+
+    /// Where a record sits in the entry being applied, counted in records
+    /// from the entry's first (`None`: a place the entry does not have).
+    fn in_entry(&self, batch: u32, position: u32) -> Option<u64> {
+        self.batch_starts.get(batch as usize).map(|start| start + u64::from(position))
     }
 
     /// Write the pending run.
@@ -249,10 +291,14 @@ impl RecordLog for RecordWriter<'_, '_> {
         _record: &Record,
         place: RecordPlace,
     ) -> Result<(), StoreError> {
-        if let Some((base, Run::InLog { log_index, batch, first, count, append_time_ms: time })) = &mut self.pending {
+        let here = self.in_entry(place.batch, place.position);
+        let pending_start = match &self.pending {
+            Some((_, Run::InLog { batch, first, .. })) => self.in_entry(*batch, *first),
+            _ => None,
+        };
+        if let Some((base, Run::InLog { log_index, count, append_time_ms: time, .. })) = &mut self.pending {
             let continues = *log_index == self.log_index
-                && *batch == place.batch
-                && u64::from(*first) + *count == u64::from(place.position)
+                && pending_start.zip(here).is_some_and(|(start, here)| start + *count == here)
                 && base.0 + *count == offset.0
                 && *time == append_time_ms;
             if continues {
@@ -426,4 +472,74 @@ pub(crate) fn index_copies_of_older_versions(
         })?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use keel_core::partition::{AppendBatch, ProducerBatch};
+    use keel_core::{Limits, ProducerId, Sequence};
+    use openraft::storage::{RaftLogStorageExt, RaftStateMachine};
+    use openraft::{CommittedLeaderId, Entry};
+
+    use super::*;
+    use crate::raft::types::{Request, TypeConfig};
+    use crate::storage::crash_disk::CrashDisk;
+    use crate::storage::{GroupStateMachine, LogStore, NodeStore};
+
+    /// An entry of one-record produce requests (as a leader coalesces them)
+    /// is indexed by one run, not one per request, up to a request that is
+    /// not appended (here a producer's retry, answered as a duplicate); its
+    /// records read back in order across the batches.
+    #[tokio::test]
+    async fn one_record_requests_of_an_entry_share_a_run_until_one_is_left_out() {
+        const GROUP: &str = "p/t/0";
+        let store = NodeStore::open_with_backend(CrashDisk::new()).unwrap();
+        let mut log = LogStore::new(store.clone(), GROUP.to_string());
+        let mut state_machine = GroupStateMachine::open(
+            store.clone(),
+            GROUP.to_string(),
+            GroupStateMachine::initial_partition(Limits::default()),
+        )
+        .unwrap();
+        let producer = ProducerBatch { producer: ProducerId(7), sequence: Sequence(0) };
+        let batches = (0..8)
+            .map(|b| AppendBatch {
+                producer: [1, 3].contains(&b).then_some(producer),
+                records: vec![Record::from_value(format!("b{b}").into_bytes())],
+            })
+            .collect();
+        let request =
+            Request { at: TimestampMs(5), command: Command::Partition(PartitionCommand::AppendBatches { batches }) };
+        let entry: Entry<TypeConfig> =
+            Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), 1), payload: EntryPayload::Normal(request) };
+        log.blocking_append(vec![entry.clone()]).await.unwrap();
+        state_machine.apply(vec![entry]).await.unwrap();
+
+        let runs: Vec<(u64, Run)> = store
+            .read(|txn| {
+                let table = txn.open_table(RECORD_RUNS)?;
+                let mut runs = Vec::new();
+                for row in table.range((GROUP, 0)..=(GROUP, u64::MAX))? {
+                    let (key, value) = row.map_err(redb::Error::from)?;
+                    runs.push((key.value().1, decode(value.value())?));
+                }
+                Ok(runs)
+            })
+            .unwrap();
+        let in_log = |batch, count| Run::InLog { log_index: 1, batch, first: 0, count, append_time_ms: TimestampMs(5) };
+        assert_eq!(runs, vec![(0, in_log(0, 3)), (3, in_log(4, 4))]);
+
+        let values = state_machine
+            .with_records(|state, reader| state.read(reader, Offset(0), 100, u64::MAX).unwrap())
+            .unwrap()
+            .unwrap();
+        let values: Vec<(u64, String)> =
+            values.iter().map(|r| (r.offset.0, String::from_utf8(r.record.value.clone()).unwrap())).collect();
+        let expected: Vec<(u64, String)> = ["b0", "b1", "b2", "b4", "b5", "b6", "b7"]
+            .iter()
+            .enumerate()
+            .map(|(o, v)| (o as u64, v.to_string()))
+            .collect();
+        assert_eq!(values, expected);
+    }
 }

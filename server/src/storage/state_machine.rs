@@ -241,7 +241,14 @@ impl GroupStateMachine {
                 for entry in entries {
                     applied.0 = Some(entry.log_id);
                     if let Some(log) = &mut log {
-                        log.entry(entry.log_id.index)?;
+                        let command = match &entry.payload {
+                            EntryPayload::Normal(request) => match &request.command {
+                                Command::Partition(command) => Some(command),
+                                _ => None,
+                            },
+                            _ => None,
+                        };
+                        log.entry(entry.log_id.index, command)?;
                     }
                     let response = match entry.payload {
                         EntryPayload::Blank => Response::None,
