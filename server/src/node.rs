@@ -712,7 +712,9 @@ impl Node {
     /// that ended are dropped here, so the list holds only running ones
     /// (the duties spawn some every round).
     fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        let handle = tokio::spawn(task);
+        // Boxed: a duty's task (a peer's liveness report, say) is several
+        // KiB, and the runtime moves a spawned future more than once.
+        let handle = tokio::spawn(Box::pin(task));
         let mut tasks = self.inner.tasks.lock().expect("tasks");
         tasks.retain(|task| !task.is_finished());
         tasks.push(handle);

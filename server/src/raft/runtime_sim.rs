@@ -40,6 +40,9 @@ impl<F: Future> Future for Timeout<F> {
     }
 }
 
+/// Futures larger than this, in bytes, are boxed before they are spawned.
+const SPAWNED_INLINE_BYTES_MAX: usize = 1024;
+
 /// A [`Timeout`] ran out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("deadline elapsed")]
@@ -62,7 +65,14 @@ impl AsyncRuntime for MadsimRuntime {
         T: Future + OptionalSend + 'static,
         T::Output: OptionalSend + 'static,
     {
-        madsim::task::spawn(future)
+        // madsim moves a spawned future several times before it first runs
+        // (into its wrapper, then into the task): a large one goes boxed,
+        // so that only a pointer moves.
+        if std::mem::size_of::<T>() > SPAWNED_INLINE_BYTES_MAX {
+            madsim::task::spawn(Box::pin(future))
+        } else {
+            madsim::task::spawn(future)
+        }
     }
 
     fn sleep(duration: Duration) -> Self::Sleep {
