@@ -146,18 +146,15 @@ impl EntryCache {
         // A run goes on into the next batches: record `position` counted
         // from the start of batch `batch`, in the entry's order.
         let mut left = position as usize;
-        let found = batches.iter().skip(batch as usize).find_map(|records| match records.get(left) {
-            Some(record) => Some(record),
-            None => {
-                left -= records.len();
-                None
+        for records in batches.iter().skip(batch as usize) {
+            if let Some(record) = records.get(left) {
+                return Ok(record.clone());
             }
-        });
-        found.cloned().ok_or_else(|| {
-            StoreError::Inconsistent(format!(
-                "{group}'s log entry {log_index} has no record {position} from batch {batch} on"
-            ))
-        })
+            left -= records.len();
+        }
+        Err(StoreError::Inconsistent(format!(
+            "{group}'s log entry {log_index} has no record {position} from batch {batch} on"
+        )))
     }
 }
 
@@ -242,8 +239,8 @@ impl<'a, 'txn> RecordWriter<'a, 'txn> {
         })
     }
 
-    /// The entry applied next is at `log_index` and holds `command`.
-    pub(crate) fn entry(&mut self, log_index: u64, command: Option<&PartitionCommand>) -> Result<(), StoreError> {
+    /// The partition command applied next is `command`, at `log_index`.
+    pub(crate) fn entry(&mut self, log_index: u64, command: &PartitionCommand) -> Result<(), StoreError> {
         self.flush()?;
         self.log_index = log_index;
         self.batch_starts.clear();
@@ -253,10 +250,8 @@ impl<'a, 'txn> RecordWriter<'a, 'txn> {
             start += records as u64;
         };
         match command {
-            Some(PartitionCommand::Append { records, .. }) => starts_at(records.len()),
-            Some(PartitionCommand::AppendBatches { batches }) => {
-                batches.iter().for_each(|b| starts_at(b.records.len()))
-            }
+            PartitionCommand::Append { records, .. } => starts_at(records.len()),
+            PartitionCommand::AppendBatches { batches } => batches.iter().for_each(|b| starts_at(b.records.len())),
             _ => {}
         }
         Ok(())

@@ -240,16 +240,6 @@ impl GroupStateMachine {
                 let mut responses = Vec::with_capacity(entries.len());
                 for entry in entries {
                     applied.0 = Some(entry.log_id);
-                    if let Some(log) = &mut log {
-                        let command = match &entry.payload {
-                            EntryPayload::Normal(request) => match &request.command {
-                                Command::Partition(command) => Some(command),
-                                _ => None,
-                            },
-                            _ => None,
-                        };
-                        log.entry(entry.log_id.index, command)?;
-                    }
                     let response = match entry.payload {
                         EntryPayload::Blank => Response::None,
                         EntryPayload::Membership(membership) => {
@@ -262,6 +252,9 @@ impl GroupStateMachine {
                             }
                             (GroupState::Partition(partition), Command::Partition(command)) => {
                                 let log = log.as_mut().expect("a partition group has a record writer");
+                                // Other entries append no records: the run
+                                // index needs to know only these.
+                                log.entry(entry.log_id.index, command)?;
                                 let partition = Arc::make_mut(partition);
                                 Response::Partition(partition.apply(log, applied_at(&request), command)?)
                             }
