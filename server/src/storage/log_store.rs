@@ -3,39 +3,35 @@
 //!
 //! An append returns as soon as its entries are queued for the node's
 //! writer, before the writer's transaction commits: until then they are
-//! read from memory (`queued`). So openraft hands the next entries over,
+//! read from memory (the group's [`LogTail`], which also keeps them a
+//! while after, for apply and replication). So openraft hands the next entries over,
 //! and replicates these, while the writer is still busy (typically inside
 //! the fsync of earlier ones), and the writer gathers the appends that
 //! queue up meanwhile into one transaction and one fsync. Entries are
 //! reported persisted only once the segment log's sync covers their
 //! frames (a restart replays them), which may be before their rows commit.
 
-use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, RaftLogReader, StorageIOError};
 use serde::de::DeserializeOwned;
 
 use super::ledger::MarkChange;
+use super::log_tail::LogTail;
 use super::records::delete_unused_log;
 use super::store::{LogRow, NodeStore, StoreError, LOG, RAFT_META, RECORD_RUNS, VOTE};
 use crate::raft::types::{LogId, StorageError, TypeConfig, Vote};
-
-/// Entries appended but not yet committed to the database, by index.
-/// Bounded by what openraft appends ahead of the writer: the writer commits
-/// every queued append in its next transaction.
-type Queued = Arc<Mutex<BTreeMap<u64, Entry<TypeConfig>>>>;
 
 /// One group's Raft log and vote, in the node's database.
 #[derive(Debug, Clone)]
 pub struct LogStore {
     store: Arc<NodeStore>,
     group: String,
-    /// Shared with every reader of this log.
-    queued: Queued,
+    /// The newest entries, in memory; shared with every reader of this log.
+    tail: LogTail,
     /// This broker's id, if known: a committed vote of its own is read
     /// back uncommitted (see [`RaftLogStorage::read_vote`] below).
     node: Option<crate::raft::types::NodeId>,
@@ -66,7 +62,8 @@ fn index_bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
 
 impl LogStore {
     pub fn new(store: Arc<NodeStore>, group: String) -> Self {
-        LogStore { store, group, queued: Queued::default(), node: None }
+        let tail = LogTail::new(store.tail_bytes());
+        LogStore { store, group, tail, node: None }
     }
 
     /// The log of a group on broker `node`: when it restarts, it never
@@ -87,20 +84,16 @@ impl LogStore {
         if start >= end {
             return Ok(Vec::new());
         }
-        // The queued entries first, then the database: an entry leaves the
-        // queue only once it is committed, so each one is in one or the
-        // other (a queued entry is newer than a stored one at its index).
-        let queued: Vec<(u64, Entry<TypeConfig>)> = {
-            let queued = self.queued.lock().expect("queued entries");
-            queued.range(start..end).map(|(index, entry)| (*index, entry.clone())).collect()
-        };
-        let stored = self.stored_entries(start, end)?;
-        if queued.is_empty() {
-            return Ok(stored);
+        // The tail holds every entry from its first on (those not yet
+        // stored among them); the database the ones before.
+        let (held, first_held) = self.tail.read(start, end);
+        let stored_end = first_held.map_or(end, |first| first.min(end));
+        if start >= stored_end {
+            return Ok(held);
         }
-        let mut merged: BTreeMap<u64, Entry<TypeConfig>> = stored.into_iter().map(|e| (e.log_id.index, e)).collect();
-        merged.extend(queued);
-        Ok(merged.into_values().collect())
+        let mut entries = self.stored_entries(start, stored_end)?;
+        entries.extend(held);
+        Ok(entries)
     }
 
     fn stored_entries(&self, start: u64, end: u64) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
@@ -118,9 +111,10 @@ impl LogStore {
     }
 
     fn last_entry_id(&self) -> Result<Option<LogId>, StoreError> {
-        let queued = self.queued.lock().expect("queued entries").last_key_value().map(|(_, e)| e.log_id);
-        let stored = self.last_stored_id()?;
-        Ok(queued.max(stored))
+        match self.tail.last() {
+            Some(last) => Ok(Some(last)),
+            None => self.last_stored_id(),
+        }
     }
 
     fn last_stored_id(&self) -> Result<Option<LogId>, StoreError> {
@@ -141,7 +135,7 @@ impl LogStore {
 
     /// Delete the entries from index `start` on.
     async fn delete_from(&self, start: u64) -> Result<(), StoreError> {
-        self.queued.lock().expect("queued entries").retain(|index, _| *index < start);
+        self.tail.truncate_from(start);
         self.store.truncate_log(self.group.clone(), start).await
     }
 
@@ -149,7 +143,7 @@ impl LogStore {
     /// hold no retained record of a partition (the others stay, out of
     /// openraft's sight, until retention passes them), in one transaction.
     async fn purge_up_to(&self, purged: LogId) -> Result<(), StoreError> {
-        self.queued.lock().expect("queued entries").retain(|index, _| *index > purged.index);
+        self.tail.purge_through(purged.index);
         let group = self.group.clone();
         let bytes = postcard::to_stdvec(&purged)?;
         self.store
@@ -227,6 +221,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // its core loop, which would otherwise stall behind the writer.
         let bytes =
             postcard::to_stdvec(&committed).map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e.into()))?;
+        self.tail.committed(committed.map(|c| c.index));
         let group = self.group.clone();
         self.store
             .queue(move |txn| {
@@ -260,18 +255,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.log_io_completed(Ok(()));
             return Ok(());
         };
-        self.queued.lock().expect("queued entries").extend(entries.into_iter().map(|e| (e.log_id.index, e)));
-        // Committed: readable from the database, so leave the queue (unless
-        // a later append replaced the entry at that index meanwhile).
-        let queued = self.queued.clone();
-        let committed = move || {
-            let mut queued = queued.lock().expect("queued entries");
-            for log_id in written {
-                if queued.get(&log_id.index).is_some_and(|e| e.log_id == log_id) {
-                    queued.remove(&log_id.index);
-                }
-            }
-        };
+        let sizes: Vec<usize> = encoded.iter().map(|(_, bytes)| bytes.len()).collect();
+        self.tail.append(entries.into_iter().zip(sizes));
+        // Committed: readable from the database, so the tail may let them go.
+        let tail = self.tail.clone();
+        let committed = move || tail.stored(&written);
         self.store
             .queue_append(self.group.clone(), encoded, committed, callback, last)
             .map_err(log_error(ErrorVerb::Write))

@@ -25,6 +25,7 @@ pub mod crash_disk;
 mod ledger;
 mod log_rows;
 mod log_store;
+mod log_tail;
 mod metadata_rows;
 mod records;
 pub mod segments;

@@ -34,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::ledger::{Ledger, MarkChange};
 use super::log_rows::{self, SEGMENT_LIVE};
+use super::log_tail::NodeTailBytes;
 use super::segments::{DirectoryDisk, Location, Pin, Position, SegmentDisk, SegmentError, SegmentLog, SegmentReader};
 use crate::raft::types::{LogId, TypeConfig, Vote};
 
@@ -224,6 +225,8 @@ pub struct NodeStore {
     jobs: mpsc::UnboundedSender<Job>,
     poisoned: Arc<AtomicBool>,
     ledger: Arc<Ledger>,
+    /// Bytes held in memory by every group's log tail.
+    tail_bytes: NodeTailBytes,
 }
 
 impl std::fmt::Debug for NodeStore {
@@ -335,6 +338,7 @@ impl NodeStore {
             jobs,
             poisoned,
             ledger,
+            tail_bytes: NodeTailBytes::default(),
         }))
     }
 
@@ -349,6 +353,11 @@ impl NodeStore {
     }
 
     /// What this node reported persisted, and its snapshot counts.
+    /// The count of bytes every group's log tail holds, for their budget.
+    pub(crate) fn tail_bytes(&self) -> NodeTailBytes {
+        self.tail_bytes.clone()
+    }
+
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
     }
