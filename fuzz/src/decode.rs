@@ -126,7 +126,7 @@ fn move_partition(request: pb::MovePartitionRequest) {
 /// A decoded Raft entry's command, applied to fresh state machines of
 /// both kinds (whichever group it reached).
 fn apply(request: Request) {
-    match request.command {
+    match std::sync::Arc::unwrap_or_clone(request.command) {
         Command::Metadata(command) => apply_metadata(command),
         Command::Partition(command) => apply_partition(command),
     }

@@ -99,7 +99,7 @@ struct Bench {
 impl Bench {
     async fn apply(&mut self, command: MetadataCommand) -> Duration {
         self.next_index += 1;
-        let request = Request { at: TimestampMs(2), command: Command::Metadata(command) };
+        let request = Request::new(TimestampMs(2), Command::Metadata(command));
         let entry: Entry<TypeConfig> = Entry {
             log_id: LogId::new(CommittedLeaderId::new(1, 1), self.next_index),
             payload: EntryPayload::Normal(request),

@@ -24,10 +24,8 @@ use tokio::sync::Mutex;
 
 fn entry(index: u64) -> Entry<TypeConfig> {
     let records = vec![Record::from_value(vec![b'x'; 1024])];
-    let request = Request {
-        at: TimestampMs(0),
-        command: Command::Partition(PartitionCommand::Append { producer: None, records }),
-    };
+    let request =
+        Request::new(TimestampMs(0), Command::Partition(PartitionCommand::Append { producer: None, records }));
     Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
 }
 

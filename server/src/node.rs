@@ -909,7 +909,7 @@ impl Node {
     /// the log in that order.
     async fn submit(&self, group: &GroupId, command: Command) -> Result<Submitted, ProposeError> {
         let raft = self.raft(group).ok_or_else(|| ProposeError::GroupNotHere { group: group.clone() })?;
-        let request = Request { at: self.inner.clock.now(), command };
+        let request = Request::new(self.inner.clock.now(), command);
         let term = raft.metrics().borrow().current_term;
         match raft.client_write_ff(request).await {
             Ok(reply) => Ok(Submitted { group: group.clone(), term, reply }),

@@ -59,7 +59,7 @@ fn entry(index: u64) -> Entry<TypeConfig> {
             records: vec![Record::from_value(format!("value-{index}").into_bytes())],
         }
     };
-    let request = Request { at: TimestampMs(index), command: Command::Partition(command) };
+    let request = Request::new(TimestampMs(index), Command::Partition(command));
     Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
 }
 

@@ -81,7 +81,7 @@ fn command(choices: &mut Choices) -> MetadataCommand {
 }
 
 fn entry(index: u64, command: MetadataCommand) -> Entry<TypeConfig> {
-    let request = Request { at: TimestampMs(index), command: Command::Metadata(command) };
+    let request = Request::new(TimestampMs(index), Command::Metadata(command));
     Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
 }
 

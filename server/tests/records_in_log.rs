@@ -21,7 +21,7 @@ fn log_id(index: u64) -> LogId {
 }
 
 fn entry(index: u64, command: PartitionCommand) -> Entry<TypeConfig> {
-    let request = Request { at: TimestampMs(1_000 * index), command: Command::Partition(command) };
+    let request = Request::new(TimestampMs(1_000 * index), Command::Partition(command));
     Entry { log_id: log_id(index), payload: EntryPayload::Normal(request) }
 }
 

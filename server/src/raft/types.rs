@@ -39,10 +39,20 @@ pub enum Command {
 
 /// A log entry's application data: a command and the time the leader
 /// stamped on it. Apply reads time only from here (G7).
+///
+/// The command is shared, so that an entry costs no copy of its records
+/// when the log's in-memory tail hands it to apply and to each follower's
+/// replication (it encodes as the command itself).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     pub at: TimestampMs,
-    pub command: Command,
+    pub command: std::sync::Arc<Command>,
+}
+
+impl Request {
+    pub fn new(at: TimestampMs, command: Command) -> Self {
+        Request { at, command: std::sync::Arc::new(command) }
+    }
 }
 
 /// What applying one entry produced.

@@ -131,7 +131,8 @@ impl EntryCache {
             let row: LogRow = decode(value.value())?;
             let entry = read_entry(segments, &row)?;
             let batches = match entry.payload {
-                EntryPayload::Normal(request) => match request.command {
+                // Just decoded: the command is not shared.
+                EntryPayload::Normal(request) => match std::sync::Arc::unwrap_or_clone(request.command) {
                     Command::Partition(PartitionCommand::Append { records, .. }) => vec![records],
                     Command::Partition(PartitionCommand::AppendBatches { batches }) => {
                         batches.into_iter().map(|b| b.records).collect()
@@ -503,8 +504,7 @@ mod tests {
                 records: vec![Record::from_value(format!("b{b}").into_bytes())],
             })
             .collect();
-        let request =
-            Request { at: TimestampMs(5), command: Command::Partition(PartitionCommand::AppendBatches { batches }) };
+        let request = Request::new(TimestampMs(5), Command::Partition(PartitionCommand::AppendBatches { batches }));
         let entry: Entry<TypeConfig> =
             Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), 1), payload: EntryPayload::Normal(request) };
         log.blocking_append(vec![entry.clone()]).await.unwrap();

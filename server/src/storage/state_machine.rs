@@ -246,7 +246,7 @@ impl GroupStateMachine {
                             applied.1 = StoredMembership::new(Some(entry.log_id), membership);
                             Response::None
                         }
-                        EntryPayload::Normal(request) => match (&mut *state, &request.command) {
+                        EntryPayload::Normal(request) => match (&mut *state, request.command.as_ref()) {
                             (GroupState::Metadata(metadata), Command::Metadata(command)) => {
                                 Response::Metadata(Arc::make_mut(metadata).apply(applied_at(&request), command))
                             }

@@ -1367,10 +1367,8 @@ mod tests {
 
     fn entry(index: u64) -> Entry<TypeConfig> {
         let records = vec![Record::from_value(format!("value-{index:0>200}").into_bytes())];
-        let request = Request {
-            at: TimestampMs(index),
-            command: Command::Partition(PartitionCommand::Append { producer: None, records }),
-        };
+        let request =
+            Request::new(TimestampMs(index), Command::Partition(PartitionCommand::Append { producer: None, records }));
         Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) }
     }
 
