@@ -708,8 +708,12 @@ struct Batch {
     /// Whether the batch syncs the log (entries to report, a vote, a
     /// checkpoint).
     syncs: bool,
+    /// Whether it saves a vote (answered only once synced).
+    voted: bool,
     framed: Result<(), StoreError>,
     moved: Vec<Moved>,
+    /// Its transaction ran before the sync ([`Writer::commit_before_sync`]).
+    committed: bool,
 }
 
 impl Writer {
@@ -740,15 +744,17 @@ impl Writer {
     /// committed (log entries are then readable through the database;
     /// until then from memory). If entries wait to be reported persisted,
     /// the segment log is synced (one fsync covers every group) and they
-    /// are reported before the transaction runs. The transaction is
-    /// committed durably, as a checkpoint, if a write asks for it or one
-    /// is due; the segment log is synced first, so a durable row never
-    /// points at a lost frame.
+    /// are reported; the transaction runs before that sync if no answer
+    /// needs it ([`Writer::commit_before_sync`]), else after. The
+    /// transaction is committed durably, as a checkpoint, if a write asks
+    /// for it or one is due; the segment log is synced first, so a durable
+    /// row never points at a lost frame.
     /// Meanwhile new jobs queue up for the next batch, so a slow fsync
     /// gathers more appends into the next one.
     #[cfg(not(madsim))]
     fn run(&mut self, jobs: Vec<Job>) -> bool {
-        let batch = self.prepare(jobs);
+        let mut batch = self.prepare(jobs);
+        self.commit_before_sync(&mut batch);
         self.finish(batch)
     }
 
@@ -841,16 +847,39 @@ impl Writer {
         if syncs {
             framed = framed.and_then(|()| Ok(self.log.write_out()?));
         }
-        Batch { steps, after_commit, persisted, marks, open, checkpoint, syncs, framed, moved }
+        Batch { steps, after_commit, persisted, marks, open, checkpoint, syncs, voted, framed, moved, committed: false }
     }
 
-    /// The second half of [`Writer::run`]: the sync, the reports, the
-    /// transaction and the answers. Returns false once closed.
-    fn finish(&mut self, batch: Batch) -> bool {
-        let Batch { steps, after_commit, persisted, marks, open, checkpoint, syncs, framed, moved } = batch;
+    /// Commit the batch's transaction before its sync, and answer its
+    /// callers, when none of them needs the sync: a batch that syncs only
+    /// to report appended entries persisted (no vote, not a checkpoint).
+    /// Its transaction is not durable, so a power cut loses it as surely
+    /// as the frames not yet synced, and a durable commit (a checkpoint)
+    /// still syncs the log first. Without this, a state machine's apply
+    /// waited for the fsync of the entries gathered after it: a whole
+    /// sync in every produce's latency.
+    fn commit_before_sync(&mut self, batch: &mut Batch) {
+        if !batch.syncs || batch.checkpoint || batch.voted {
+            return;
+        }
+        let framed = batch.framed.as_ref().map(|_| ()).map_err(|e| StoreError::Failed(e.to_string()));
+        self.commit(framed, batch);
+        batch.committed = true;
+    }
+
+    /// The second half of [`Writer::run`]: the sync, the reports, and the
+    /// transaction and the answers unless they went before the sync.
+    /// Returns false once closed.
+    fn finish(&mut self, mut batch: Batch) -> bool {
+        let framed = std::mem::replace(&mut batch.framed, Ok(()));
+        let (syncs, checkpoint) = (batch.syncs, batch.checkpoint);
         // Frames out (readable) before their rows commit; synced first if
         // anything must be durable.
         let logged = framed.and_then(|()| {
+            // A transaction that failed before the sync stopped the store.
+            if self.poisoned.load(Ordering::SeqCst) {
+                return Err(StoreError::Poisoned);
+            }
             if syncs {
                 self.log.sync()?;
                 self.syncs.fetch_add(1 + u64::from(checkpoint), Ordering::Relaxed);
@@ -865,7 +894,8 @@ impl Writer {
         }
         // After a failed batch nothing is reported persisted, not even
         // what syncs now: a failed batch's entries are lost, and a later
-        // report would count a log with a hole in it.
+        // report would count a log with a hole in it. (A transaction that
+        // failed before the sync poisoned the store too.)
         let logged = match self.poisoned.load(Ordering::SeqCst) {
             true => logged.and(Err(StoreError::Poisoned)),
             false => logged,
@@ -873,20 +903,34 @@ impl Writer {
         // Entries are durable once synced (a restart replays their frames):
         // they are reported now, before the rows commit, so that a follower
         // answers its leader without waiting for the transaction. Until
-        // the rows commit, readers find the entries queued in memory
-        // (`log_store`). Reports raise marks only once true; a failed
+        // the rows commit, readers find the entries in memory
+        // (`log_tail`). Reports raise marks only once true; a failed
         // batch still lowers them (in job order: a report, then a
         // truncation behind it, leaves the mark lowered).
         let reported = logged.is_ok();
-        for change in marks {
+        for change in std::mem::take(&mut batch.marks) {
             if reported || !matches!(change, MarkChange::Reported(..) | MarkChange::Voted(..)) {
                 self.ledger.apply(change);
             }
         }
-        for callback in persisted {
+        for callback in std::mem::take(&mut batch.persisted) {
             let outcome = logged.as_ref().map(|_| ()).map_err(|e| std::io::Error::other(e.to_string()));
             callback.log_io_completed(outcome);
         }
+        if !batch.committed {
+            self.commit(logged, &mut batch);
+        }
+        if !batch.open {
+            self.db = None;
+        }
+        batch.open
+    }
+
+    /// Run the batch's transaction (unless `logged` failed), then answer
+    /// its callers with the outcome.
+    fn commit(&mut self, logged: Result<(), StoreError>, batch: &mut Batch) {
+        let checkpoint = batch.checkpoint;
+        let (steps, moved) = (std::mem::take(&mut batch.steps), std::mem::take(&mut batch.moved));
         let position = self.log.position();
         let mut completions = Vec::new();
         let written = logged.and_then(|()| {
@@ -928,13 +972,9 @@ impl Writer {
         for complete in completions {
             complete(outcome(&written));
         }
-        for complete in after_commit {
+        for complete in std::mem::take(&mut batch.after_commit) {
             complete(&written);
         }
-        if !open {
-            self.db = None;
-        }
-        open
     }
 
     /// After a checkpoint: readers from now on see its rows (a new pin
@@ -1281,7 +1321,8 @@ fn start_writer(mut writer: Writer) {
     tokio::spawn(async move {
         while let Some(first) = writer.queue.recv().await {
             let jobs = writer.gather(first);
-            let batch = writer.prepare(jobs);
+            let mut batch = writer.prepare(jobs);
+            writer.commit_before_sync(&mut batch);
             // A closing store (a shutdown, or the harness's look at a disk
             // image) is not kept waiting.
             if batch.syncs && batch.open {
