@@ -486,7 +486,8 @@ impl Worker {
             topic_id: Some(self.topic_id),
         };
         let client = self.client.clone();
-        tokio::spawn(async move { client.produce(request).await })
+        // Boxed, as a poll's call (`consumer.rs`).
+        tokio::spawn(Box::pin(async move { client.produce(request).await }))
     }
 
     /// The oldest batch in flight was answered: every batch ahead of it is

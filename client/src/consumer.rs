@@ -435,7 +435,9 @@ impl Consumer {
         }
         let client = self.client.clone();
         let route = leader.map_or(Route::Any, Route::Broker);
-        let mut task = PollTask(tokio::spawn(async move {
+        // Boxed: the call's future is several KiB, and a runtime moves a
+        // spawned future more than once before it first runs.
+        let mut task = PollTask(tokio::spawn(Box::pin(async move {
             let sent = tokio::time::Instant::now();
             let answer = client
                 .call_answered(route, wait, |mut c| {
@@ -444,7 +446,7 @@ impl Consumer {
                 })
                 .await;
             (sent, answer)
-        }));
+        })));
         self.in_flight.push(Box::pin(async move {
             let (sent, answer) =
                 (&mut task.0).await.expect("a poll task does not panic, and is aborted only when dropped");
