@@ -3,13 +3,14 @@
 //!
 //! An append returns as soon as its entries are queued for the node's
 //! writer, before the writer's transaction commits: until then they are
-//! read from memory (the group's [`LogTail`], which also keeps them a
-//! while after, for apply and replication). So openraft hands the next entries over,
-//! and replicates these, while the writer is still busy (typically inside
-//! the fsync of earlier ones), and the writer gathers the appends that
-//! queue up meanwhile into one transaction and one fsync. Entries are
-//! reported persisted only once the segment log's sync covers their
-//! frames (a restart replays them), which may be before their rows commit.
+//! read from memory (the group's [`LogTail`], which keeps them a while
+//! after too, for apply and replication). So openraft hands the next
+//! entries over, and replicates these, while the writer is still busy
+//! (typically inside the fsync of earlier ones), and the writer gathers
+//! the appends that queue up meanwhile into one transaction and one fsync.
+//! Entries are reported persisted only once the segment log's sync covers
+//! their frames (a restart replays them), whether their rows committed
+//! before that sync or commit after it.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};

@@ -1456,15 +1456,25 @@ mod tests {
         std::future::poll_fn(|cx| std::task::Poll::Ready(future.as_mut().poll(cx))).await
     }
 
+    /// Close `store` and wait until its writer has let go of the
+    /// database, so that the test may open the same files again (two
+    /// databases on one backend corrupt it).
+    async fn close(store: &NodeStore) {
+        let database = store.close();
+        while database.strong_count() > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
     }
 
-    /// Entries are reported persisted after the sync, before their rows
-    /// commit; but once a batch has failed (the store is poisoned) nothing
-    /// more is reported, even what a later batch syncs: the failed batch's
-    /// entries are lost, and a report past them would count a log with a
-    /// hole in it.
+    /// Entries are reported persisted after the sync (their rows commit
+    /// before it or after); but once a batch has failed (the store is
+    /// poisoned) nothing more is reported, even what a later batch syncs:
+    /// the failed batch's entries are lost, and a report past them would
+    /// count a log with a hole in it.
     #[test]
     fn nothing_is_reported_persisted_once_the_store_is_poisoned() {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
@@ -1596,7 +1606,7 @@ mod tests {
             let kept: Vec<u64> =
                 log.try_get_log_entries(191..=200).await.unwrap().iter().map(|e| e.log_id.index).collect();
             assert_eq!(kept, (191..=200).collect::<Vec<_>>());
-            store.close();
+            close(&store).await;
 
             // And after a power cut.
             let after = disk.crash(7);
@@ -1604,7 +1614,7 @@ mod tests {
             let mut log = LogStore::new(store.clone(), "g".to_string());
             let entries = log.try_get_log_entries(191..=200).await.unwrap();
             assert_eq!(entries, (191..=200).map(entry).collect::<Vec<_>>());
-            store.close();
+            close(&store).await;
         });
     }
 
@@ -1642,7 +1652,7 @@ mod tests {
             assert!(most <= 10, "{most} segments at most on the way");
             let kept = quiet.try_get_log_entries(1..=30).await.unwrap();
             assert_eq!(kept, (1..=30).map(entry).collect::<Vec<_>>());
-            store.close();
+            close(&store).await;
 
             // The moved rows and their counts survive a power cut.
             let after = disk.crash(3);
@@ -1652,7 +1662,7 @@ mod tests {
             assert_eq!(quiet.try_get_log_entries(1..=30).await.unwrap(), (1..=30).map(entry).collect::<Vec<_>>());
             let mut busy = LogStore::new(store.clone(), "busy".to_string());
             assert_eq!(busy.try_get_log_entries(591..=600).await.unwrap(), (591..=600).map(entry).collect::<Vec<_>>());
-            store.close();
+            close(&store).await;
         });
     }
 
@@ -1691,7 +1701,7 @@ mod tests {
             store.flush().await.unwrap();
             store.check_live_bytes().unwrap();
             assert_eq!(log.try_get_log_entries(21..=40).await.unwrap(), (21..=40).map(entry).collect::<Vec<_>>());
-            store.close();
+            close(&store).await;
         });
     }
 
@@ -1719,7 +1729,7 @@ mod tests {
             store.flush().await.unwrap();
             let left = disk.segments.list().unwrap().len();
             assert!(left < held && left <= 3, "{left} segments left, {held} while pinned");
-            store.close();
+            close(&store).await;
         });
     }
 
@@ -1735,7 +1745,7 @@ mod tests {
                 log.blocking_append([entry(index)]).await.unwrap();
             }
             store.flush().await.unwrap();
-            store.close();
+            close(&store).await;
             {
                 let db = Database::builder().create_with_backend(disk.database.clone()).unwrap();
                 let txn = db.begin_write().unwrap();
@@ -1749,7 +1759,7 @@ mod tests {
             assert!(!live.is_empty());
             let mut log = LogStore::new(store.clone(), "g".to_string());
             assert_eq!(log.try_get_log_entries(1..=50).await.unwrap(), (1..=50).map(entry).collect::<Vec<_>>());
-            store.close();
+            close(&store).await;
         });
     }
 
@@ -1779,7 +1789,7 @@ mod tests {
                 assert_eq!(entries, (1..=5).map(entry).collect::<Vec<_>>());
                 let state = log.get_log_state().await.unwrap();
                 assert_eq!(state.last_log_id.map(|l| l.index), Some(5));
-                store.close();
+                close(&store).await;
                 // The next open sees the converted image (made durable as
                 // it opened): its rows now point at frames.
                 image = image.crash(0);
