@@ -859,11 +859,12 @@ impl Writer {
     /// waited for the fsync of the entries gathered after it: a whole
     /// sync in every produce's latency.
     fn commit_before_sync(&mut self, batch: &mut Batch) {
-        if !batch.syncs || batch.checkpoint || batch.voted {
+        // A batch whose frames failed goes the usual way: `finish` stops
+        // the store before anyone is answered.
+        if !batch.syncs || batch.checkpoint || batch.voted || batch.framed.is_err() {
             return;
         }
-        let framed = batch.framed.as_ref().map(|_| ()).map_err(|e| StoreError::Failed(e.to_string()));
-        self.commit(framed, batch);
+        self.commit(Ok(()), batch);
         batch.committed = true;
     }
 
@@ -901,10 +902,11 @@ impl Writer {
             false => logged,
         };
         // Entries are durable once synced (a restart replays their frames):
-        // they are reported now, before the rows commit, so that a follower
-        // answers its leader without waiting for the transaction. Until
-        // the rows commit, readers find the entries in memory
-        // (`log_tail`). Reports raise marks only once true; a failed
+        // they are reported now. In a batch that committed before its sync
+        // their rows are in already; otherwise they commit after the
+        // report, so that a follower answers its leader without waiting
+        // for the transaction, and until then readers find the entries in
+        // memory (`log_tail`). Reports raise marks only once true; a failed
         // batch still lowers them (in job order: a report, then a
         // truncation behind it, leaves the mark lowered).
         let reported = logged.is_ok();
