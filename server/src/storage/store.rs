@@ -352,12 +352,12 @@ impl NodeStore {
         read_entry(&self.segments, row)
     }
 
-    /// What this node reported persisted, and its snapshot counts.
     /// The count of bytes every group's log tail holds, for their budget.
     pub(crate) fn tail_bytes(&self) -> NodeTailBytes {
         self.tail_bytes.clone()
     }
 
+    /// What this node reported persisted, and its snapshot counts.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
     }
@@ -753,13 +753,13 @@ impl Writer {
     /// gathers more appends into the next one.
     #[cfg(not(madsim))]
     fn run(&mut self, jobs: Vec<Job>) -> bool {
-        let mut batch = self.prepare(jobs);
-        self.commit_before_sync(&mut batch);
+        let batch = self.prepare(jobs);
         self.finish(batch)
     }
 
     /// The first half of [`Writer::run`]: the batch's frames appended and,
-    /// if it syncs, written out.
+    /// if it syncs, written out; its transaction committed too if no answer
+    /// needs the sync ([`Writer::commit_before_sync`]).
     fn prepare(&mut self, jobs: Vec<Job>) -> Batch {
         let mut steps = Vec::new();
         let mut durable = false;
@@ -847,7 +847,21 @@ impl Writer {
         if syncs {
             framed = framed.and_then(|()| Ok(self.log.write_out()?));
         }
-        Batch { steps, after_commit, persisted, marks, open, checkpoint, syncs, voted, framed, moved, committed: false }
+        let mut batch = Batch {
+            steps,
+            after_commit,
+            persisted,
+            marks,
+            open,
+            checkpoint,
+            syncs,
+            voted,
+            framed,
+            moved,
+            committed: false,
+        };
+        self.commit_before_sync(&mut batch);
+        batch
     }
 
     /// Commit the batch's transaction before its sync, and answer its
@@ -1323,8 +1337,7 @@ fn start_writer(mut writer: Writer) {
     tokio::spawn(async move {
         while let Some(first) = writer.queue.recv().await {
             let jobs = writer.gather(first);
-            let mut batch = writer.prepare(jobs);
-            writer.commit_before_sync(&mut batch);
+            let batch = writer.prepare(jobs);
             // A closing store (a shutdown, or the harness's look at a disk
             // image) is not kept waiting.
             if batch.syncs && batch.open {
