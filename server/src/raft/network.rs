@@ -657,12 +657,15 @@ impl PeerClient {
         // A partition group's AppendEntries and votes may go together with
         // other groups' (snapshot chunks and the metadata group's calls
         // always go alone: they must not wait behind the partitions').
+        // Boxed: the calls' futures are large, and inline they made every
+        // caller's future large too, copied each time openraft moves it
+        // (into its time limit, then into its replication task's state).
         let reply = match self.bounded && rpc != Rpc::InstallSnapshot {
             true => {
                 let batches = self.peers.batches(self.target, &self.address);
-                batches.call(&to, rpc, &self.group, payload, option.hard_ttl()).await?
+                Box::pin(batches.call(&to, rpc, &self.group, payload, option.hard_ttl())).await?
             }
-            false => call_alone(&to, rpc, &self.group, payload, option.hard_ttl()).await?,
+            false => Box::pin(call_alone(&to, rpc, &self.group, payload, option.hard_ttl())).await?,
         };
         self.peers.answered.lock().expect("peer answers").insert(self.target, tokio::time::Instant::now());
         #[cfg(madsim)]
