@@ -24,6 +24,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use redb::StorageBackend;
 
+use super::crash_image::Image;
+
 /// The unit a torn write is cut into: each aligned 512-byte sector of a write survives a crash
 /// or not on its own, the guarantee (and nothing more) that real disks give.
 pub const SECTOR_SIZE: u64 = 512;
@@ -86,13 +88,13 @@ pub struct CrashDisk {
 impl CrashDisk {
     /// An empty, honest disk.
     pub fn new() -> Self {
-        Self::from_state(DiskState::with_image(Vec::new(), false))
+        Self::from_state(DiskState::with_image(Image::default(), false))
     }
 
     /// An empty disk with the planted bug: `sync_data` reports success but makes nothing
     /// durable, so every write stays at the mercy of the next crash.
     pub fn new_lying() -> Self {
-        Self::from_state(DiskState::with_image(Vec::new(), true))
+        Self::from_state(DiskState::with_image(Image::default(), true))
     }
 
     /// Turns the planted `sync_data` bug on or off from the next sync onwards.
@@ -235,15 +237,15 @@ enum PendingOp {
 }
 
 impl PendingOp {
-    fn apply(&self, image: &mut Vec<u8>) {
+    fn apply(&self, image: &mut Image) {
         match self {
-            Self::Write { offset, data } => write_into(image, *offset, data),
-            Self::SetLen(len) => image.resize(*len, 0),
+            Self::Write { offset, data } => image.write(*offset, data),
+            Self::SetLen(len) => image.resize(*len),
         }
     }
 
     // A length change is one metadata update, so it cannot tear: it lands or it does not.
-    fn apply_torn(&self, image: &mut Vec<u8>, rng: &mut SplitMix64) {
+    fn apply_torn(&self, image: &mut Image, rng: &mut SplitMix64) {
         match self {
             Self::Write { offset, data } => write_torn(image, *offset, data, rng),
             Self::SetLen(_) if rng.coin() => self.apply(image),
@@ -254,9 +256,9 @@ impl PendingOp {
 
 struct DiskState {
     /// The bytes as of the last honoured `sync_data`.
-    durable: Vec<u8>,
+    durable: Image,
     /// `durable` with every pending operation applied: what reads see.
-    current: Vec<u8>,
+    current: Image,
     pending: Vec<PendingOp>,
     frozen: bool,
     lie_about_sync: bool,
@@ -269,7 +271,7 @@ struct DiskState {
 }
 
 impl DiskState {
-    fn with_image(image: Vec<u8>, lie_about_sync: bool) -> Self {
+    fn with_image(image: Image, lie_about_sync: bool) -> Self {
         Self {
             current: image.clone(),
             durable: image,
@@ -291,12 +293,10 @@ impl DiskState {
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), CrashDiskError> {
-        let past_end = || CrashDiskError::ReadPastEnd { offset, len: out.len(), disk_len: self.current.len() };
+        let (len, disk_len) = (out.len(), self.current.len());
+        let past_end = || CrashDiskError::ReadPastEnd { offset, len, disk_len };
         let start = usize::try_from(offset).map_err(|_| past_end())?;
-        let end = start.checked_add(out.len()).ok_or_else(past_end)?;
-        let source = self.current.get(start..end).ok_or_else(past_end)?;
-        out.copy_from_slice(source);
-        Ok(())
+        self.current.read(start, out).ok_or_else(past_end)
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) -> Result<(), CrashDiskError> {
@@ -364,7 +364,7 @@ impl DiskState {
         }
     }
 
-    fn image_after_crash(&self, seed: u64) -> Vec<u8> {
+    fn image_after_crash(&self, seed: u64) -> Image {
         let mut rng = SplitMix64::new(seed);
         let policy = CrashPolicy::draw(&mut rng);
         let mut image = self.durable.clone();
@@ -418,25 +418,15 @@ impl CrashPolicy {
     }
 }
 
-/// Writes `data` at `offset`, growing the image with zeros first if needed, as writing past
-/// the end of a file does.
-fn write_into(image: &mut Vec<u8>, offset: usize, data: &[u8]) {
-    let end = offset + data.len();
-    if image.len() < end {
-        image.resize(end, 0);
-    }
-    image[offset..end].copy_from_slice(data);
-}
-
 /// Writes each sector-aligned piece of `data` or not, on a coin flip per piece.
-fn write_torn(image: &mut Vec<u8>, offset: usize, data: &[u8], rng: &mut SplitMix64) {
+fn write_torn(image: &mut Image, offset: usize, data: &[u8], rng: &mut SplitMix64) {
     let sector = SECTOR_SIZE as usize;
     let end = offset + data.len();
     let mut start = offset;
     while start < end {
         let piece_end = ((start / sector + 1) * sector).min(end);
         if rng.coin() {
-            write_into(image, start, &data[start - offset..piece_end - offset]);
+            image.write(start, &data[start - offset..piece_end - offset]);
         }
         start = piece_end;
     }

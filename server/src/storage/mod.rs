@@ -22,6 +22,7 @@
 //! - After any storage error the store refuses further work (fatal).
 
 pub mod crash_disk;
+mod crash_image;
 mod ledger;
 mod log_rows;
 mod log_store;
