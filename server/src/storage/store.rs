@@ -1464,6 +1464,12 @@ mod tests {
             self.release.send(()).unwrap();
             self.holding.await.unwrap().unwrap();
         }
+
+        /// Let the writer go on.
+        async fn release(self) {
+            self.release.send(()).unwrap();
+            self.holding.await.unwrap().unwrap();
+        }
     }
 
     /// Poll `future` once (queueing what it sends) and say whether it is done.
@@ -1510,6 +1516,40 @@ mod tests {
             held.poison_and_release().await;
             let reported = appended.await;
             assert!(reported.is_err(), "an append after a failure was reported persisted: {reported:?}");
+        });
+    }
+
+    /// A batch whose frames did not reach the disk answers none of its
+    /// callers with success, not even a write that needed no frame: the
+    /// store stops first (after an I/O error, stop). Its transaction would
+    /// commit (the database is fine), so a batch that committed before
+    /// its sync whatever its frames' fate would have answered the write.
+    #[test]
+    fn a_batch_whose_frames_failed_answers_no_caller_with_success() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        runtime.block_on(async {
+            let disk = NodeDisk::new();
+            let store = NodeStore::open_on_disk(&disk, 1 << 20).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            log.blocking_append([entry(1)]).await.unwrap();
+            // An append and a write queue up behind the held writer, so
+            // that they go in one batch.
+            let held = HeldWriter::hold(&store).await;
+            let mut appended = std::pin::pin!(log.blocking_append([entry(2)]));
+            assert!(
+                poll_once(appended.as_mut()).await.is_pending(),
+                "the append was answered while the writer was held"
+            );
+            let mut written = std::pin::pin!(store.write(false, |_| Ok(())));
+            assert!(poll_once(written.as_mut()).await.is_pending(), "the write was answered while the writer was held");
+            // The segment log's device fails (the database's does not).
+            disk.segments.fail();
+            held.release().await;
+            let written = written.await;
+            assert!(written.is_err(), "a write in a batch whose frames failed was answered {written:?}");
+            let appended = appended.await;
+            assert!(appended.is_err(), "an entry whose frame failed was reported persisted: {appended:?}");
+            assert!(store.is_poisoned(), "the store went on after an I/O error");
         });
     }
 
