@@ -609,7 +609,10 @@ impl Client {
             let client = KeelClient::with_interceptor(self.channel(&address)?, self.inner.credentials.clone())
                 .max_decoding_message_size(MESSAGE_BYTES_MAX)
                 .max_encoding_message_size(MESSAGE_BYTES_MAX);
-            let attempt = match tokio::time::timeout(attempt_timeout, request(&address, client)).await {
+            // Boxed: a call's future is several KiB, and inline it made this
+            // loop's (and every caller's) future as large, copied whenever
+            // one is moved.
+            let attempt = match tokio::time::timeout(attempt_timeout, Box::pin(request(&address, client))).await {
                 Ok(result) => result,
                 Err(_) => Err(Status::deadline_exceeded(format!("no answer within {attempt_timeout:?}"))),
             };

@@ -371,7 +371,7 @@ impl Node {
             self.spawn(async move {
                 // Bounded here: a call on a connection dead without knowing
                 // it would otherwise wait for the keepalive to notice.
-                let call = node.inner.peers.liveness(peer, &address, &report, LIVENESS_CALL_TIMEOUT);
+                let call = Box::pin(node.inner.peers.liveness(peer, &address, &report, LIVENESS_CALL_TIMEOUT));
                 match tokio::time::timeout(LIVENESS_CALL_TIMEOUT, call).await {
                     Ok(Ok(())) => {}
                     Ok(Err(error)) => tracing::trace!(peer, %error, "liveness report not delivered"),

@@ -182,7 +182,8 @@ impl PeerBatches {
                 }
                 batch
             };
-            if send_batch(&to, batch).await == Refused::Batches {
+            // Boxed: the call's future is several KiB (see `call_peer`).
+            if Box::pin(send_batch(&to, batch)).await == Refused::Batches {
                 // An older peer: its calls from now on go alone. (The
                 // calls of the refused batch failed UNIMPLEMENTED, and their
                 // groups send them again at once.)
@@ -284,7 +285,7 @@ async fn send_batch(to: &Destination, batch: Vec<Queued>) -> Refused {
         Ok::<_, TransportError>(())
     };
     // The stream is not bounded by the request's deadline: bound it here.
-    let outcome = tokio::time::timeout(timeout, exchange).await;
+    let outcome = tokio::time::timeout(timeout, Box::pin(exchange)).await;
     let refused = match &outcome {
         Ok(Err(TransportError::Status(status))) if status.code() == tonic::Code::Unimplemented => Refused::Batches,
         _ => Refused::Nothing,
