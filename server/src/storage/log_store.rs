@@ -257,10 +257,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         };
         let sizes: Vec<usize> = encoded.iter().map(|(_, bytes)| bytes.len()).collect();
-        self.tail.append(entries.into_iter().zip(sizes));
+        let appended = self.tail.append(entries.into_iter().zip(sizes));
         // Committed: readable from the database, so the tail may let them go.
         let tail = self.tail.clone();
-        let committed = move || tail.stored(&written);
+        let committed = move || tail.stored(&appended);
         self.store
             .queue_append(self.group.clone(), encoded, committed, callback, last)
             .map_err(log_error(ErrorVerb::Write))

@@ -49,6 +49,8 @@ struct Held {
     applied_through: Option<u64>,
     /// The last commit saved.
     last_commit: Option<u64>,
+    /// The id of the next append.
+    next_append: u64,
 }
 
 #[derive(Debug)]
@@ -57,6 +59,17 @@ struct HeldEntry {
     bytes: usize,
     /// Its `LOG` row is committed: the database has it too.
     stored: bool,
+    /// The append that held it. An entry truncated and appended again
+    /// with the same log id (a leader's resend) is another append, whose
+    /// row is not committed when the first one's is.
+    append: u64,
+}
+
+/// Which entries one append held: its id and their indexes.
+#[derive(Debug, Clone)]
+pub(crate) struct Appended {
+    id: u64,
+    indexes: std::ops::RangeInclusive<u64>,
 }
 
 impl Drop for Held {
@@ -67,7 +80,14 @@ impl Drop for Held {
 
 impl LogTail {
     pub(crate) fn new(node_bytes: NodeTailBytes) -> Self {
-        let held = Held { entries: BTreeMap::new(), bytes: 0, node_bytes, applied_through: None, last_commit: None };
+        let held = Held {
+            entries: BTreeMap::new(),
+            bytes: 0,
+            node_bytes,
+            applied_through: None,
+            last_commit: None,
+            next_append: 0,
+        };
         LogTail { inner: Arc::new(Mutex::new(held)) }
     }
 
@@ -78,19 +98,26 @@ impl LogTail {
     /// Hold appended entries (each with its encoded size), not yet stored.
     /// They follow every entry held already (openraft truncates before it
     /// appends over a conflict).
-    pub(crate) fn append(&self, entries: impl IntoIterator<Item = (Entry<TypeConfig>, usize)>) {
+    /// Returns what to hand [`LogTail::stored`] once their rows commit.
+    pub(crate) fn append(&self, entries: impl IntoIterator<Item = (Entry<TypeConfig>, usize)>) -> Appended {
         let mut held = self.held();
+        let id = held.next_append;
+        held.next_append += 1;
+        let (mut first, mut last) = (u64::MAX, 0);
         for (entry, bytes) in entries {
-            held.add(entry.log_id.index, HeldEntry { entry, bytes, stored: false });
+            let index = entry.log_id.index;
+            (first, last) = (first.min(index), last.max(index));
+            held.add(index, HeldEntry { entry, bytes, stored: false, append: id });
         }
+        Appended { id, indexes: first..=last }
     }
 
-    /// The `LOG` rows of these entries committed: each is stored unless an
-    /// append replaced it meanwhile.
-    pub(crate) fn stored(&self, written: &[LogId]) {
+    /// The `LOG` rows of an append's entries committed: each is stored
+    /// unless a later append replaced it meanwhile.
+    pub(crate) fn stored(&self, appended: &Appended) {
         let mut held = self.held();
-        for log_id in written {
-            if let Some(entry) = held.entries.get_mut(&log_id.index).filter(|e| e.entry.log_id == *log_id) {
+        for (_, entry) in held.entries.range_mut(appended.indexes.clone()) {
+            if entry.append == appended.id {
                 entry.stored = true;
             }
         }
@@ -187,9 +214,8 @@ mod tests {
         Entry { log_id: log_id(term, index), payload: EntryPayload::Blank }
     }
 
-    fn append(tail: &LogTail, term: u64, indexes: std::ops::RangeInclusive<u64>, bytes: usize) -> Vec<LogId> {
-        tail.append(indexes.clone().map(|i| (entry(term, i), bytes)));
-        indexes.map(|i| log_id(term, i)).collect()
+    fn append(tail: &LogTail, term: u64, indexes: std::ops::RangeInclusive<u64>, bytes: usize) -> Appended {
+        tail.append(indexes.map(|i| (entry(term, i), bytes)))
     }
 
     #[test]
@@ -222,6 +248,23 @@ mod tests {
         assert_eq!(node.load(Ordering::Relaxed), 100);
     }
 
+    /// An entry truncated and appended again with the same log id is not
+    /// stored when the first append's rows commit: its own row is not yet
+    /// (the truncation deleted the first one's).
+    #[test]
+    fn an_entry_appended_again_is_stored_only_by_its_own_append() {
+        let tail = LogTail::new(NodeTailBytes::default());
+        let first = append(&tail, 1, 3..=3, 10);
+        tail.truncate_from(3);
+        let again = append(&tail, 1, 3..=3, 10);
+        tail.stored(&first);
+        tail.committed(Some(3));
+        tail.committed(Some(3));
+        assert_eq!(tail.indexes(), vec![3], "an entry whose row is not committed was let go");
+        tail.stored(&again);
+        assert_eq!(tail.indexes(), Vec::<u64>::new());
+    }
+
     #[test]
     fn a_replaced_entry_is_not_taken_for_stored_and_truncation_forgets_its_bytes() {
         let node = NodeTailBytes::default();
@@ -247,7 +290,7 @@ mod tests {
         let tail = LogTail::new(node.clone());
         let half = GROUP_TAIL_BYTES_MAX / 2;
         let stored = append(&tail, 1, 1..=2, half);
-        append(&tail, 1, 3..=4, half);
+        let later = append(&tail, 1, 3..=4, half);
         // Over the group's budget, but nothing stored yet: all held.
         assert_eq!(tail.indexes(), vec![1, 2, 3, 4]);
         tail.stored(&stored);
@@ -261,7 +304,7 @@ mod tests {
         assert_eq!(other.indexes(), Vec::<u64>::new());
         let filler = LogTail::new(node.clone());
         append(&filler, 1, 1..=1, NODE_TAIL_BYTES_MAX);
-        tail.stored(&[log_id(1, 3), log_id(1, 4)]);
+        tail.stored(&later);
         assert_eq!(tail.indexes(), Vec::<u64>::new());
         // A dropped tail gives its bytes back.
         drop(filler);
