@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod clock;
+pub mod encoding;
 pub mod group;
 #[cfg(not(madsim))]
 pub mod local_cluster;

@@ -647,7 +647,7 @@ impl PeerClient {
         request: &Req,
         option: &RPCOption,
     ) -> Result<Result<Resp, RaftError<NodeId, E>>, TransportError> {
-        let payload = postcard::to_stdvec(request)?;
+        let payload = crate::encoding::to_sized_vec(request)?;
         if payload.len() > RAFT_MESSAGE_BYTES_MAX - 1024 {
             return Err(TransportError::TooLarge { bytes: payload.len() });
         }

@@ -247,7 +247,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Encoded here, off the node's writer.
         let encoded: Vec<(LogId, Vec<u8>)> = entries
             .iter()
-            .map(|entry| Ok((entry.log_id, postcard::to_stdvec(entry)?)))
+            .map(|entry| Ok((entry.log_id, crate::encoding::to_sized_vec(entry)?)))
             .collect::<Result<_, StoreError>>()
             .map_err(log_error(ErrorVerb::Write))?;
         let written: Vec<LogId> = entries.iter().map(|e| e.log_id).collect();

@@ -731,7 +731,7 @@ impl Writer {
 
     /// Append a frame; counts towards the next checkpoint.
     fn append_frame(&mut self, frame: &Frame<'_>) -> Result<Location, StoreError> {
-        let body = postcard::to_stdvec(frame)?;
+        let body = crate::encoding::to_sized_vec(frame)?;
         let at = self.log.append(&body)?;
         self.since_checkpoint.0 += body.len() as u64;
         Ok(at)
