@@ -116,6 +116,10 @@ impl LogTail {
     /// unless a later append replaced it meanwhile.
     pub(crate) fn stored(&self, appended: &Appended) {
         let mut held = self.held();
+        // An append of no entries held none (and its range is empty).
+        if appended.indexes.is_empty() {
+            return;
+        }
         for (_, entry) in held.entries.range_mut(appended.indexes.clone()) {
             if entry.append == appended.id {
                 entry.stored = true;
@@ -263,6 +267,9 @@ mod tests {
         assert_eq!(tail.indexes(), vec![3], "an entry whose row is not committed was let go");
         tail.stored(&again);
         assert_eq!(tail.indexes(), Vec::<u64>::new());
+        // An append of no entries marks nothing.
+        let none = tail.append([]);
+        tail.stored(&none);
     }
 
     #[test]
