@@ -1491,6 +1491,20 @@ mod tests {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
     }
 
+    /// A runtime with a worker thread, for tests that hold the writer.
+    fn runtime_for_a_held_writer() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap()
+    }
+
+    /// A store on a fresh disk whose group `g` holds entry 1.
+    async fn store_with_one_entry() -> (NodeDisk, Arc<NodeStore>, LogStore) {
+        let disk = NodeDisk::new();
+        let store = NodeStore::open_on_disk(&disk, 1 << 20).unwrap();
+        let mut log = LogStore::new(store.clone(), "g".to_string());
+        log.blocking_append([entry(1)]).await.unwrap();
+        (disk, store, log)
+    }
+
     /// Entries are reported persisted after the sync (their rows commit
     /// before it or after); but once a batch has failed (the store is
     /// poisoned) nothing more is reported, even what a later batch syncs:
@@ -1498,12 +1512,8 @@ mod tests {
     /// count a log with a hole in it.
     #[test]
     fn nothing_is_reported_persisted_once_the_store_is_poisoned() {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        runtime.block_on(async {
-            let disk = NodeDisk::new();
-            let store = NodeStore::open_on_disk(&disk, 1 << 20).unwrap();
-            let mut log = LogStore::new(store.clone(), "g".to_string());
-            log.blocking_append([entry(1)]).await.unwrap();
+        runtime_for_a_held_writer().block_on(async {
+            let (_disk, store, mut log) = store_with_one_entry().await;
             // Hold the writer inside a batch while an append queues up
             // behind it, then poison the store and let the writer go on.
             let held = HeldWriter::hold(&store).await;
@@ -1526,12 +1536,8 @@ mod tests {
     /// its sync whatever its frames' fate would have answered the write.
     #[test]
     fn a_batch_whose_frames_failed_answers_no_caller_with_success() {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        runtime.block_on(async {
-            let disk = NodeDisk::new();
-            let store = NodeStore::open_on_disk(&disk, 1 << 20).unwrap();
-            let mut log = LogStore::new(store.clone(), "g".to_string());
-            log.blocking_append([entry(1)]).await.unwrap();
+        runtime_for_a_held_writer().block_on(async {
+            let (disk, store, mut log) = store_with_one_entry().await;
             // An append and a write queue up behind the held writer, so
             // that they go in one batch.
             let held = HeldWriter::hold(&store).await;
@@ -1600,8 +1606,7 @@ mod tests {
     /// the failed batch fails, and no crash image holds it.
     #[test]
     fn a_poisoned_store_writes_no_vote() {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        runtime.block_on(async {
+        runtime_for_a_held_writer().block_on(async {
             let disk = NodeDisk::new();
             let store = NodeStore::open_on_disk(&disk, 1 << 20).unwrap();
             let mut log = LogStore::new(store.clone(), "g".to_string());
