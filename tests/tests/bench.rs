@@ -31,6 +31,9 @@ fn bench_produces_and_consumes_and_reports() {
         report(&cli_ok(&address, &[&bench[..], &["--count", "300", "--batching", "--in-flight", "3"]].concat(), ""));
     assert!(batching["records"].as_u64().unwrap() >= 300, "{batching}");
     assert_eq!(batching["errors"], 0, "{batching}");
+    // The batching producer's latencies reach the report too.
+    let latency = &batching["latency_ms"];
+    assert!(latency["p50"].as_f64().unwrap() <= latency["max"].as_f64().unwrap(), "{batching}");
 
     // Consume drains exactly what the topic holds.
     let described = report(&cli_ok(&address, &["topic", "describe", "load", "--json"], ""));

@@ -436,14 +436,8 @@ async fn produce(args: ProduceBench, connection: &Connection) -> anyhow::Result<
             };
             let record = request.records[0].clone();
             let producer = BatchingProducer::new(client, config, u64::from(producer));
-            slots.push(tokio::spawn(batching_load(
-                producer,
-                args.topic.clone(),
-                record,
-                tally.clone(),
-                stop.clone(),
-                measuring_from,
-            )));
+            let load = batching_load(producer, args.topic.clone(), record, tally.clone(), stop.clone(), measuring_from);
+            slots.push(tokio::spawn(async move { Some(load.await) }));
             continue;
         }
         for slot in 0..args.in_flight {
@@ -472,7 +466,7 @@ async fn produce(args: ProduceBench, connection: &Connection) -> anyhow::Result<
                         Err(error) => tally.error(error),
                     }
                 }
-                latency_histogram()
+                None
             }));
         }
     }
@@ -486,11 +480,13 @@ async fn produce(args: ProduceBench, connection: &Connection) -> anyhow::Result<
         None => tokio::time::sleep(args.duration).await,
     }
     stop.store(true, Ordering::Relaxed);
-    // Every slot has stopped recording once joined (batching producers
-    // keep their own histograms).
+    // Every slot has stopped recording once joined; a batching producer
+    // returns a histogram of its own.
     let mut latencies = latency_histogram();
     for slot in slots {
-        latencies.add(slot.await.context("a produce task failed")?).expect("histograms of equal bounds");
+        if let Some(own) = slot.await.context("a produce task failed")? {
+            latencies.add(own).expect("histograms of equal bounds");
+        }
     }
     latencies.add(&*shared.lock().expect("latencies")).expect("histograms of equal bounds");
     let _ = shown.await;
