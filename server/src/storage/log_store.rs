@@ -23,7 +23,7 @@ use serde::de::DeserializeOwned;
 use super::ledger::MarkChange;
 use super::log_tail::LogTail;
 use super::records::delete_unused_log;
-use super::store::{LogRow, NodeStore, StoreError, LOG, RAFT_META, RECORD_RUNS, VOTE};
+use super::store::{LogRow, NodeStore, StoreError, COMMITTED, LOG, RAFT_META, RECORD_RUNS, VOTE};
 use crate::raft::types::{LogId, StorageError, TypeConfig, Vote};
 
 /// One group's Raft log and vote, in the node's database.
@@ -223,18 +223,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let bytes =
             postcard::to_stdvec(&committed).map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e.into()))?;
         self.tail.committed(committed.map(|c| c.index));
-        let group = self.group.clone();
         self.store
-            .queue(move |txn| {
-                txn.open_table(RAFT_META)?.insert((group.as_str(), "committed"), bytes.as_slice())?;
-                Ok(())
-            })
+            .save_committed_hint(self.group.clone(), bytes)
             .map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Write, e))
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
         let committed: Option<Option<LogId>> =
-            self.read_meta("committed").map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
+            self.read_meta(COMMITTED).map_err(|e| io_error(ErrorSubject::Store, ErrorVerb::Read, e))?;
         Ok(committed.flatten())
     }
 

@@ -24,6 +24,7 @@
 //! at the copies, so one quiet group cannot keep a busy group's dead
 //! frames on disk.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,6 +48,8 @@ const SEGMENT_LOG: TableDefinition<&str, &[u8]> = TableDefinition::new("segment_
 pub(crate) const RAFT_META: TableDefinition<(&str, &str), &[u8]> = TableDefinition::new("raft_meta");
 /// The `RAFT_META` name of a group's vote.
 pub(crate) const VOTE: &str = "vote";
+/// `RAFT_META`'s key for a group's commit index hint.
+pub(crate) const COMMITTED: &str = "committed";
 /// State machines: group key -> postcard(Applied).
 pub(crate) const STATE: TableDefinition<&str, &[u8]> = TableDefinition::new("state_machine");
 /// Partition records received in a snapshot (the others stay in their log
@@ -197,6 +200,10 @@ enum Job {
     /// Change a persisted mark once the batch's sync is through (in job
     /// order, with the reports).
     Mark(MarkChange),
+    /// Keep `group`'s commit index hint (postcard(`Option<LogId>`)) for
+    /// the next transaction that runs anyway (see
+    /// [`NodeStore::save_committed_hint`]).
+    CommittedHint { group: String, bytes: Vec<u8> },
     /// Release the database and stop.
     Close,
 }
@@ -328,6 +335,7 @@ impl NodeStore {
             queue,
             poisoned: poisoned.clone(),
             ledger: ledger.clone(),
+            committed_hints: BTreeMap::new(),
         });
         Ok(Arc::new(NodeStore {
             db: Mutex::new(Some(db)),
@@ -438,20 +446,18 @@ impl NodeStore {
         self.submit(durable, write).await
     }
 
-    /// Queue `write` for the writer's next (not durable) transaction and
-    /// return at once; a failure poisons the store, which later operations
-    /// then report. For writes nothing waits on.
-    pub(crate) fn queue(
-        &self,
-        write: impl FnOnce(&WriteTransaction) -> Result<(), StoreError> + Send + 'static,
-    ) -> Result<(), StoreError> {
+    /// Save `group`'s commit index hint (`bytes`: postcard(`Option<LogId>`),
+    /// its `RAFT_META` "committed" row) and return at once. The writer
+    /// keeps the latest hint of each group and writes it in the next
+    /// transaction it runs for any other reason (at the latest the
+    /// checkpoint of a close): openraft advances the commit index far more
+    /// often than anything else is written, and a hint costs no
+    /// transaction of its own. Losing one is harmless (openraft learns the
+    /// commit index from its leader again); an unwritten hint is lost like
+    /// a written one that was not yet durable.
+    pub(crate) fn save_committed_hint(&self, group: String, bytes: Vec<u8>) -> Result<(), StoreError> {
         self.db()?;
-        let op: WriteOp = Box::new(move |txn| {
-            write(txn)?;
-            let complete: Completion = Box::new(|_| {});
-            Ok(complete)
-        });
-        self.jobs.send(Job::Write { op, durable: false }).map_err(|_| StoreError::Closed)
+        self.jobs.send(Job::CommittedHint { group, bytes }).map_err(|_| StoreError::Closed)
     }
 
     /// Queue log entries of `group` (`(id, postcard(Entry))`, in index
@@ -609,7 +615,7 @@ impl NodeStore {
             log_rows::delete_rows(txn, key, 0..u64::MAX)?;
             txn.open_table(RECORDS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
             txn.open_table(RECORD_RUNS)?.retain_in((key, 0)..=(key, u64::MAX), |_, _| false)?;
-            for name in [VOTE, "purged", "committed"] {
+            for name in [VOTE, "purged", COMMITTED] {
                 txn.open_table(RAFT_META)?.remove((key, name))?;
             }
             txn.open_table(STATE)?.remove(key)?;
@@ -674,6 +680,9 @@ struct Writer {
     queue: mpsc::UnboundedReceiver<Job>,
     poisoned: Arc<AtomicBool>,
     ledger: Arc<Ledger>,
+    /// The latest commit index hint of each group not yet written
+    /// ([`Job::CommittedHint`]): at most one per group on the node.
+    committed_hints: BTreeMap<String, Vec<u8>>,
 }
 
 /// A live frame compaction copied: `group`'s row at `index` moves from
@@ -838,6 +847,9 @@ impl Writer {
                     marks.push(MarkChange::Reported(group, last));
                 }
                 Job::Mark(change) => marks.push(change),
+                Job::CommittedHint { group, bytes } => {
+                    self.committed_hints.insert(group, bytes);
+                }
                 Job::Close => open = false,
             }
         }
@@ -949,8 +961,26 @@ impl Writer {
         let (steps, moved) = (std::mem::take(&mut batch.steps), std::mem::take(&mut batch.moved));
         let position = self.log.position();
         let mut completions = Vec::new();
+        // A batch with nothing else to write (reports, marks, commit
+        // hints) runs no transaction; its hints wait for the next one.
+        let nothing_to_write = steps.is_empty() && moved.is_empty() && !checkpoint;
+        let hints = match nothing_to_write {
+            true => BTreeMap::new(),
+            false => std::mem::take(&mut self.committed_hints),
+        };
         let written = logged.and_then(|()| {
+            if nothing_to_write {
+                return self.usable_db().map(|_| ());
+            }
             self.transaction(checkpoint, |txn| {
+                // Hints first: a group removed in this batch (its rows
+                // deleted by a step) must not get its hint row back.
+                if !hints.is_empty() {
+                    let mut meta = txn.open_table(RAFT_META)?;
+                    for (group, bytes) in &hints {
+                        meta.insert((group.as_str(), COMMITTED), bytes.as_slice())?;
+                    }
+                }
                 move_rows(txn, moved)?;
                 for step in steps {
                     match step {
@@ -1089,15 +1119,22 @@ impl Writer {
         Ok(moved)
     }
 
+    /// The database, unless the store is closed or poisoned.
+    fn usable_db(&self) -> Result<Arc<Database>, StoreError> {
+        match &self.db {
+            None => Err(StoreError::Closed),
+            Some(_) if self.poisoned.load(Ordering::SeqCst) => Err(StoreError::Poisoned),
+            Some(db) => Ok(db.clone()),
+        }
+    }
+
     /// One write transaction; a failure poisons the store.
     fn transaction(
         &self,
         durable: bool,
         body: impl FnOnce(&WriteTransaction) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
-        let Some(db) = self.db.clone().filter(|_| !self.poisoned.load(Ordering::SeqCst)) else {
-            return Err(if self.db.is_none() { StoreError::Closed } else { StoreError::Poisoned });
-        };
+        let db = self.usable_db()?;
         let result = (|| {
             let mut txn = db.begin_write()?;
             if durable {
@@ -1680,6 +1717,41 @@ mod tests {
 
     fn log_id(index: u64) -> LogId {
         LogId::new(CommittedLeaderId::new(1, 1), index)
+    }
+
+    /// A commit hint runs no transaction of its own: it is written with
+    /// the next one (here an append's), and a close's checkpoint writes
+    /// the latest.
+    #[test]
+    fn a_commit_hint_is_written_with_the_next_transaction() {
+        runtime().block_on(async {
+            let (disk, store, mut log) = store_with_one_entry().await;
+            log.save_committed(Some(log_id(1))).await.unwrap();
+            log.blocking_append([entry(2)]).await.unwrap();
+            assert_eq!(log.read_committed().await.unwrap(), Some(log_id(1)));
+            log.save_committed(Some(log_id(2))).await.unwrap();
+            close(&store).await;
+            let store = NodeStore::open_on_disk(&disk.crash(3), 1 << 20).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            assert_eq!(log.read_committed().await.unwrap(), Some(log_id(2)));
+            close(&store).await;
+        });
+    }
+
+    /// A hint still waiting when its group is removed is not written
+    /// after the removal: the group's rows stay gone.
+    #[test]
+    fn a_waiting_commit_hint_does_not_outlive_its_group() {
+        runtime().block_on(async {
+            let (disk, store, mut log) = store_with_one_entry().await;
+            log.save_committed(Some(log_id(1))).await.unwrap();
+            store.remove_group("g").await.unwrap();
+            close(&store).await;
+            let store = NodeStore::open_on_disk(&disk.crash(3), 1 << 20).unwrap();
+            let mut log = LogStore::new(store.clone(), "g".to_string());
+            assert_eq!(log.read_committed().await.unwrap(), None);
+            close(&store).await;
+        });
     }
 
     /// A quiet group that appends now and then and never purges leaves a
