@@ -16,7 +16,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[cfg(madsim)]
 fn main() {
     use keel_sim::harness::{run_seed, RunOptions};
-    keel_sim::allocator::set_allocator_options();
+    keel_sim::allocator::keep_freed_memory();
     let smoke = !std::env::args().any(|a| a == "--bench");
     let seeds: u64 =
         std::env::var("KEEL_SIM_BENCH_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(if smoke { 2 } else { 20 });

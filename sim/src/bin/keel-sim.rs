@@ -21,7 +21,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[cfg(madsim)]
 fn main() -> std::process::ExitCode {
-    keel_sim::allocator::set_allocator_options();
+    keel_sim::allocator::keep_freed_memory();
     cli::main()
 }
 
