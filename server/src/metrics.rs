@@ -172,6 +172,7 @@ pub struct Metrics {
     log_bytes: Gauge,
     log_syncs: Counter,
     log_checkpoints: Counter,
+    log_transactions: Counter,
     log_live_bytes: Gauge,
     log_compacted_bytes: Counter,
 }
@@ -298,6 +299,7 @@ impl Metrics {
             log_bytes: Gauge::default(),
             log_syncs: Counter::default(),
             log_checkpoints: Counter::default(),
+            log_transactions: Counter::default(),
             log_live_bytes: Gauge::default(),
             log_compacted_bytes: Counter::default(),
             registry: Registry::default(),
@@ -460,6 +462,11 @@ impl Metrics {
             metrics.log_checkpoints.clone(),
         );
         registry.register(
+            "log_transactions",
+            "Transactions the storage writer committed to the broker's database (one per batch with anything to write)",
+            metrics.log_transactions.clone(),
+        );
+        registry.register(
             "log_live_bytes",
             "Bytes of the log's frames still in use (what the segments would take if fully compacted)",
             metrics.log_live_bytes.clone(),
@@ -567,6 +574,7 @@ impl Metrics {
         self.log_bytes.set(usage.bytes as i64);
         self.log_syncs.inc_by(usage.syncs.saturating_sub(self.log_syncs.get()));
         self.log_checkpoints.inc_by(usage.checkpoints.saturating_sub(self.log_checkpoints.get()));
+        self.log_transactions.inc_by(usage.transactions.saturating_sub(self.log_transactions.get()));
         self.log_live_bytes.set(usage.live_bytes as i64);
         self.log_compacted_bytes.inc_by(usage.compacted_bytes.saturating_sub(self.log_compacted_bytes.get()));
         let quiet = node.quiet_counts();

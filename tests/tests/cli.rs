@@ -402,6 +402,8 @@ fn metrics_speak_prometheus_text_or_openmetrics_with_canonical_codes_and_build_i
     assert!(keel_tests::sample(&text, "keel_log_bytes") >= 1e6, "{text}");
     assert!(keel_tests::sample(&text, "keel_log_syncs_total") >= 1.0, "{text}");
     assert!(keel_tests::sample(&text, "keel_log_checkpoints_total") >= 0.0, "{text}");
+    // Registering the broker wrote rows: at least one writer transaction.
+    assert!(keel_tests::sample(&text, "keel_log_transactions_total") >= 1.0, "{text}");
     let live = keel_tests::sample(&text, "keel_log_live_bytes");
     assert!(live > 0.0 && live <= keel_tests::sample(&text, "keel_log_bytes"), "{text}");
     assert!(keel_tests::sample(&text, "keel_log_compacted_bytes_total") >= 0.0, "{text}");

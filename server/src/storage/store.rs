@@ -6,7 +6,7 @@
 //! where its frame is. A batch of the writer appends its frames, writes
 //! them out (when entries wait to be reported persisted, syncs the segment
 //! log only, one `fdatasync`, and reports them), then commits its redb
-//! transaction without fsync. Every so often ([`CHECKPOINT_BYTES`],
+//! transaction without fsync, if it has anything to write. Every so often ([`CHECKPOINT_BYTES`],
 //! [`CHECKPOINT_BATCHES`]), and whenever a write asks for durability, the
 //! transaction is committed durably with the log's position: the
 //! checkpoint. A vote is a frame too, synced like an entry, so saving one
@@ -87,6 +87,8 @@ pub struct LogUsage {
     pub bytes: u64,
     pub syncs: u64,
     pub checkpoints: u64,
+    /// Transactions the writer committed (durable or not).
+    pub transactions: u64,
     /// Bytes of frames some row points at.
     pub live_bytes: u64,
     /// Bytes compaction copied since the store opened.
@@ -227,6 +229,8 @@ pub struct NodeStore {
     syncs: Arc<std::sync::atomic::AtomicU64>,
     /// Durable commits of the writer (checkpoints).
     checkpoints: Arc<std::sync::atomic::AtomicU64>,
+    /// Transactions of the writer, durable or not.
+    transactions: Arc<std::sync::atomic::AtomicU64>,
     /// Bytes compaction copied.
     compacted: Arc<std::sync::atomic::AtomicU64>,
     jobs: mpsc::UnboundedSender<Job>,
@@ -320,10 +324,12 @@ impl NodeStore {
         let segments = log.reader();
         let syncs = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let checkpoints = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let transactions = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let compacted = Arc::new(std::sync::atomic::AtomicU64::new(0));
         start_writer(Writer {
             syncs: syncs.clone(),
             checkpoints: checkpoints.clone(),
+            transactions: transactions.clone(),
             compacted: compacted.clone(),
             db: Some(db.clone()),
             log,
@@ -342,6 +348,7 @@ impl NodeStore {
             segments,
             syncs,
             checkpoints,
+            transactions,
             compacted,
             jobs,
             poisoned,
@@ -452,9 +459,11 @@ impl NodeStore {
     /// transaction it runs for any other reason (at the latest the
     /// checkpoint of a close): openraft advances the commit index far more
     /// often than anything else is written, and a hint costs no
-    /// transaction of its own. Losing one is harmless (openraft learns the
-    /// commit index from its leader again); an unwritten hint is lost like
-    /// a written one that was not yet durable.
+    /// transaction of its own. A lower commit index than the last one is
+    /// always safe (openraft derives it again: from its leader, or as a
+    /// leader from its next entry), so an unwritten hint is lost like a
+    /// written one that was not yet durable, and a group reopened in this
+    /// process meanwhile reads the hint before it.
     pub(crate) fn save_committed_hint(&self, group: String, bytes: Vec<u8>) -> Result<(), StoreError> {
         self.db()?;
         self.jobs.send(Job::CommittedHint { group, bytes }).map_err(|_| StoreError::Closed)
@@ -642,6 +651,7 @@ impl NodeStore {
             bytes,
             syncs: self.syncs.load(Ordering::Relaxed),
             checkpoints: self.checkpoints.load(Ordering::Relaxed),
+            transactions: self.transactions.load(Ordering::Relaxed),
             live_bytes: self
                 .read(|txn| Ok(log_rows::live_bytes(&txn.open_table(SEGMENT_LIVE)?)?.values().sum()))
                 .unwrap_or(0),
@@ -676,6 +686,7 @@ struct Writer {
     scanned: std::collections::BTreeSet<u64>,
     syncs: Arc<std::sync::atomic::AtomicU64>,
     checkpoints: Arc<std::sync::atomic::AtomicU64>,
+    transactions: Arc<std::sync::atomic::AtomicU64>,
     compacted: Arc<std::sync::atomic::AtomicU64>,
     queue: mpsc::UnboundedReceiver<Job>,
     poisoned: Arc<AtomicBool>,
@@ -749,7 +760,8 @@ impl Writer {
     /// Run one batch. Returns false once closed.
     ///
     /// The batch's frames are appended in job order and written out, its
-    /// writes go in one transaction, and its callers are answered once it
+    /// writes (if any: reports, marks and commit hints alone run none) go
+    /// in one transaction, and its callers are answered once it
     /// committed (log entries are then readable through the database;
     /// until then from memory). If entries wait to be reported persisted,
     /// the segment log is synced (one fsync covers every group) and they
@@ -1147,6 +1159,7 @@ impl Writer {
             }
             body(&txn)?;
             txn.commit()?;
+            self.transactions.fetch_add(1, Ordering::Relaxed);
             Ok(())
         })();
         let result = planted_ignore(result);
@@ -1719,14 +1732,26 @@ mod tests {
         LogId::new(CommittedLeaderId::new(1, 1), index)
     }
 
-    /// A commit hint runs no transaction of its own: it is written with
-    /// the next one (here an append's), and a close's checkpoint writes
-    /// the latest.
+    /// A commit hint runs no transaction of its own: a batch of nothing
+    /// but a hint (and a mark, to see the batch through) commits none, and
+    /// the hint is written with the next transaction (here an append's); a
+    /// close's checkpoint writes the latest.
     #[test]
     fn a_commit_hint_is_written_with_the_next_transaction() {
-        runtime().block_on(async {
+        runtime_for_a_held_writer().block_on(async {
             let (disk, store, mut log) = store_with_one_entry().await;
+            // Queued behind a held batch, the hint and the mark make the
+            // next batch alone.
+            let held = HeldWriter::hold(&store).await;
             log.save_committed(Some(log_id(1))).await.unwrap();
+            store.mark(MarkChange::Reported("probe".to_string(), log_id(1)));
+            held.release().await;
+            let before = store.log_usage().transactions;
+            while !store.ledger().persisted_marks().contains_key("probe") {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            assert_eq!(store.log_usage().transactions, before, "a batch of a hint ran a transaction");
+            assert_eq!(log.read_committed().await.unwrap(), None, "the hint was written before any other write");
             log.blocking_append([entry(2)]).await.unwrap();
             assert_eq!(log.read_committed().await.unwrap(), Some(log_id(1)));
             log.save_committed(Some(log_id(2))).await.unwrap();
