@@ -175,6 +175,8 @@ pub struct Metrics {
     log_transactions: Counter,
     log_live_bytes: Gauge,
     log_compacted_bytes: Counter,
+    log_spare_segments: Gauge,
+    log_recycled_segments: Counter,
 }
 
 /// The standard `process_*` metrics of Prometheus's client libraries, read
@@ -302,6 +304,8 @@ impl Metrics {
             log_transactions: Counter::default(),
             log_live_bytes: Gauge::default(),
             log_compacted_bytes: Counter::default(),
+            log_spare_segments: Gauge::default(),
+            log_recycled_segments: Counter::default(),
             registry: Registry::default(),
             node_registry: Registry::default(),
         };
@@ -476,6 +480,19 @@ impl Metrics {
             "Bytes of live frames compaction copied out of mostly dead segments so that they could go",
             metrics.log_compacted_bytes.clone(),
         );
+        registry.register(
+            "log_spare_segments",
+            format!(
+                "Freed segments kept (at most {}) to become later segments instead of new files",
+                crate::storage::segments::SPARE_SEGMENTS_MAX
+            ),
+            metrics.log_spare_segments.clone(),
+        );
+        registry.register(
+            "log_recycled_segments",
+            "Segments made from spares (written over, not newly allocated) since the broker started",
+            metrics.log_recycled_segments.clone(),
+        );
         metrics.process.register(&mut root);
         root
     }
@@ -577,6 +594,8 @@ impl Metrics {
         self.log_transactions.inc_by(usage.transactions.saturating_sub(self.log_transactions.get()));
         self.log_live_bytes.set(usage.live_bytes as i64);
         self.log_compacted_bytes.inc_by(usage.compacted_bytes.saturating_sub(self.log_compacted_bytes.get()));
+        self.log_spare_segments.set(usage.spare_segments as i64);
+        self.log_recycled_segments.inc_by(usage.recycled_segments.saturating_sub(self.log_recycled_segments.get()));
         let quiet = node.quiet_counts();
         self.raft_quiet_groups.get_or_create(&RoleLabels { role: "leader" }).set(quiet.led as i64);
         self.raft_quiet_groups.get_or_create(&RoleLabels { role: "follower" }).set(quiet.followed as i64);

@@ -731,12 +731,15 @@ mod tests {
     }
 }
 
-/// The segment log's files on crash disks: one [`CrashDisk`] per segment.
-/// Creating and removing a segment is durable at once (the real directory
-/// syncs itself after both). Cloning shares the files.
+/// The segment log's files on crash disks: one [`CrashDisk`] per segment
+/// or spare. Creating, removing, retiring and reusing a segment is durable
+/// at once (the real directory syncs itself after each). Cloning shares
+/// the files.
 #[derive(Debug, Clone, Default)]
 pub struct CrashDir {
     files: Arc<Mutex<std::collections::BTreeMap<u64, CrashDisk>>>,
+    /// Retired segments, by the id they had.
+    spare_files: Arc<Mutex<std::collections::BTreeMap<u64, CrashDisk>>>,
     /// The device is full: no segment can be created (see [`CrashDisk::fill`]).
     full: Arc<std::sync::atomic::AtomicBool>,
     /// The device fails: no segment can be created (see [`CrashDisk::fail`]).
@@ -760,61 +763,80 @@ impl CrashDir {
         self.files.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Power loss for every segment (see [`CrashDisk::crash`]); segment `id`
-    /// draws from `seed ^ id`.
-    pub fn crash(&self, seed: u64) -> CrashDir {
-        let files = self.files().iter().map(|(id, disk)| (*id, disk.crash(seed ^ id))).collect();
+    fn spare_files(&self) -> MutexGuard<'_, std::collections::BTreeMap<u64, CrashDisk>> {
+        self.spare_files.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Every file, segments then spares.
+    fn every_file(&self) -> Vec<CrashDisk> {
+        self.files().values().chain(self.spare_files().values()).cloned().collect()
+    }
+
+    /// The directory after `fate` befell every file (a spare `id` draws
+    /// as segment `id` did).
+    fn after(&self, fate: impl Fn(u64, &CrashDisk) -> CrashDisk) -> CrashDir {
+        let files = self.files().iter().map(|(id, disk)| (*id, fate(*id, disk))).collect();
+        let spare_files = self.spare_files().iter().map(|(id, disk)| (*id, fate(*id, disk))).collect();
         CrashDir {
             files: Arc::new(Mutex::new(files)),
+            spare_files: Arc::new(Mutex::new(spare_files)),
             lying: self.lying,
             full: Arc::default(),
             failing: Arc::default(),
         }
+    }
+
+    /// Power loss for every segment (see [`CrashDisk::crash`]); segment `id`
+    /// draws from `seed ^ id`.
+    pub fn crash(&self, seed: u64) -> CrashDir {
+        self.after(|id, disk| disk.crash(seed ^ id))
     }
 
     /// Turns the planted `sync_data` bug on or off for every segment made
     /// so far (see [`CrashDisk::set_lie_about_sync`]); later segments lie
     /// as the directory was made to.
     pub fn set_lie_about_sync(&self, lie: bool) {
-        self.files().values().for_each(|disk| disk.set_lie_about_sync(lie));
+        self.every_file().iter().for_each(|disk| disk.set_lie_about_sync(lie));
     }
 
     /// The device fills up, for every segment and for segments not yet made.
     pub fn fill(&self) {
         self.full.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.files().values().for_each(CrashDisk::fill);
+        self.every_file().iter().for_each(CrashDisk::fill);
     }
 
     /// The device fails (EIO), for every segment and for segments not yet made.
     pub fn fail(&self) {
         self.failing.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.files().values().for_each(CrashDisk::fail);
+        self.every_file().iter().for_each(CrashDisk::fail);
     }
 
     /// A process kill for every segment (see [`CrashDisk::kill`]).
     pub fn kill(&self) -> CrashDir {
-        let files = self.files().iter().map(|(id, disk)| (*id, disk.kill())).collect();
-        CrashDir {
-            files: Arc::new(Mutex::new(files)),
-            lying: self.lying,
-            full: Arc::default(),
-            failing: Arc::default(),
-        }
+        self.after(|_, disk| disk.kill())
     }
 
     /// Cut the power of every segment.
     pub fn freeze(&self) {
-        self.files().values().for_each(CrashDisk::freeze);
+        self.every_file().iter().for_each(CrashDisk::freeze);
     }
 
     /// Whether any segment has lost power.
     pub fn is_frozen(&self) -> bool {
-        self.files().values().any(CrashDisk::is_frozen)
+        self.every_file().iter().any(CrashDisk::is_frozen)
     }
 
     /// Arm a power-loss point on every existing segment.
     pub fn fail_after_writes(&self, n: u64) {
-        self.files().values().for_each(|disk| disk.fail_after_writes(n));
+        self.every_file().iter().for_each(|disk| disk.fail_after_writes(n));
+    }
+
+    /// The device refuses directory changes once it fails.
+    fn check_device(&self) -> io::Result<()> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(CrashDiskError::Failed.into());
+        }
+        Ok(())
     }
 }
 
@@ -853,6 +875,49 @@ impl super::segments::SegmentDisk for CrashDir {
 
     fn list(&self) -> io::Result<Vec<u64>> {
         Ok(self.files().keys().copied().collect())
+    }
+
+    fn retire(&self, id: u64) -> io::Result<()> {
+        self.check_device()?;
+        let mut files = self.files();
+        let disk = files.get(&id).cloned().ok_or(io::ErrorKind::NotFound)?;
+        if disk.is_frozen() {
+            return Err(CrashDiskError::Frozen.into());
+        }
+        files.remove(&id);
+        self.spare_files().insert(id, disk);
+        Ok(())
+    }
+
+    fn reuse(&self, spare: u64, id: u64) -> io::Result<Arc<dyn StorageBackend>> {
+        self.check_device()?;
+        let disk = {
+            let mut spares = self.spare_files();
+            let disk = spares.get(&spare).cloned().ok_or(io::ErrorKind::NotFound)?;
+            if disk.is_frozen() {
+                return Err(CrashDiskError::Frozen.into());
+            }
+            spares.remove(&spare);
+            disk
+        };
+        // A later segment lies as the directory was made to.
+        disk.set_lie_about_sync(self.lying);
+        // (Locks in one order: segments, then spares.)
+        self.files().insert(id, disk.clone());
+        Ok(Arc::new(disk))
+    }
+
+    fn remove_spare(&self, spare: u64) -> io::Result<()> {
+        let mut spares = self.spare_files();
+        if spares.get(&spare).is_some_and(CrashDisk::is_frozen) {
+            return Err(CrashDiskError::Frozen.into());
+        }
+        spares.remove(&spare);
+        Ok(())
+    }
+
+    fn spares(&self) -> io::Result<Vec<u64>> {
+        Ok(self.spare_files().keys().copied().collect())
     }
 }
 

@@ -93,6 +93,10 @@ pub struct LogUsage {
     pub live_bytes: u64,
     /// Bytes compaction copied since the store opened.
     pub compacted_bytes: u64,
+    /// Freed segments kept to be recycled.
+    pub spare_segments: u64,
+    /// Segments made from spares since the store opened.
+    pub recycled_segments: u64,
 }
 
 /// A `LOG` row: the entry's id and where its frame is.
@@ -646,6 +650,7 @@ impl NodeStore {
     /// checkpoints since the store opened (for metrics).
     pub fn log_usage(&self) -> LogUsage {
         let (segments, bytes) = self.segments.usage();
+        let (spare_segments, recycled_segments) = self.segments.spare_usage();
         LogUsage {
             segments,
             bytes,
@@ -656,6 +661,8 @@ impl NodeStore {
                 .read(|txn| Ok(log_rows::live_bytes(&txn.open_table(SEGMENT_LIVE)?)?.values().sum()))
                 .unwrap_or(0),
             compacted_bytes: self.compacted.load(Ordering::Relaxed),
+            spare_segments,
+            recycled_segments,
         }
     }
 
@@ -1713,17 +1720,27 @@ mod tests {
             store.flush().await.unwrap();
             let left = disk.segments.list().unwrap().len();
             assert!(left <= 3, "{left} of {filled} segments left");
+            // The first freed became spares, up to the bound.
+            assert_eq!(disk.segments.spares().unwrap().len(), super::super::segments::SPARE_SEGMENTS_MAX);
+            assert_eq!(store.log_usage().spare_segments, super::super::segments::SPARE_SEGMENTS_MAX as u64);
             let kept: Vec<u64> =
                 log.try_get_log_entries(191..=200).await.unwrap().iter().map(|e| e.log_id.index).collect();
             assert_eq!(kept, (191..=200).collect::<Vec<_>>());
+            // Later segments are spares written over.
+            for index in 201..=260 {
+                log.blocking_append([entry(index)]).await.unwrap();
+            }
+            assert!(store.log_usage().recycled_segments >= 2, "{:?}", store.log_usage());
             close(&store).await;
 
-            // And after a power cut.
+            // And after a power cut: every entry kept or appended since,
+            // none of the spares' earlier entries.
             let after = disk.crash(7);
             let store = NodeStore::open_on_disk(&after, 4096).unwrap();
             let mut log = LogStore::new(store.clone(), "g".to_string());
-            let entries = log.try_get_log_entries(191..=200).await.unwrap();
-            assert_eq!(entries, (191..=200).map(entry).collect::<Vec<_>>());
+            let entries = log.try_get_log_entries(191..=260).await.unwrap();
+            assert_eq!(entries, (191..=260).map(entry).collect::<Vec<_>>());
+            assert_eq!(log.get_log_state().await.unwrap().last_log_id, Some(log_id(260)));
             close(&store).await;
         });
     }
