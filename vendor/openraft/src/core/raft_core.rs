@@ -1596,6 +1596,14 @@ where
         // Every time elect, reset this flag.
         self.engine.reset_greater_log();
 
+        // keel: a new random election timeout for every election, as in the Raft paper
+        // (section 5.2). Upstream draws it once per Raft instance, so two voters keep their
+        // order for life: a voter with a stale membership (cut off during a replica move)
+        // whose timeout is the shorter one raised its term just before each election of the
+        // rightful leader ended, and deposed it again through its replies, for ever.
+        self.engine.config.timer_config.election_timeout =
+            Duration::from_millis(self.config.new_rand_election_timeout::<C::AsyncRuntime>());
+
         tracing::info!("do trigger election");
         self.engine.elect();
     }
