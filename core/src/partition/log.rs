@@ -39,6 +39,22 @@ pub trait RecordLog {
 
     /// Drop every record below `offset`.
     fn remove_before(&mut self, offset: Offset) -> Result<(), Self::Error>;
+
+    /// The append time and size ([`Record::size_bytes`]) of each record
+    /// from `offset` on, up to `max` of them, in order; fewer where the
+    /// stored records end. What retention needs, without the records: a
+    /// log that stores records together can answer it without copying
+    /// them. By default, each record is read.
+    fn sizes_from(&self, offset: Offset, max: u64) -> Result<Vec<(TimestampMs, u64)>, Self::Error> {
+        let mut sizes = Vec::new();
+        let mut at = offset;
+        while (sizes.len() as u64) < max {
+            let Some(stored) = self.get(at)? else { break };
+            sizes.push((stored.append_time_ms, stored.record.size_bytes()));
+            at = at.next();
+        }
+        Ok(sizes)
+    }
 }
 
 /// An in-memory record log, for tests, models and small snapshots.

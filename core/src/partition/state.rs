@@ -16,6 +16,10 @@ use crate::limits::Limits;
 use crate::metadata::RetentionPolicy;
 use crate::record::{Record, StoredRecord};
 
+/// Records whose sizes retention asks the log for at once (16 bytes each
+/// in memory).
+const RETENTION_SCAN_RECORDS: u64 = 4096;
+
 /// The member of a group that holds this partition, and in which generation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Claim {
@@ -476,18 +480,27 @@ impl PartitionState {
         let mut new_start = self.log_start;
         let mut bytes = self.log_bytes;
         let mut removed = 0u64;
-        while new_start < self.high_watermark && removed < u64::from(self.limits.retention_records_per_apply_max) {
-            let Some(stored) = log.get(new_start)? else {
-                break;
-            };
-            let too_old = policy.max_age_ms.is_some_and(|age| stored.append_time_ms.plus_ms(age) <= at);
-            let too_big = policy.max_bytes.is_some_and(|max| bytes > max);
-            if !too_old && !too_big {
+        let removed_max = u64::from(self.limits.retention_records_per_apply_max);
+        // Sizes a chunk at a time (a log reads them run by run, without
+        // the records: one record at a time, an apply of 100,000 held the
+        // partition's applies back for 200 ms).
+        'scan: while new_start < self.high_watermark && removed < removed_max {
+            let wanted = (removed_max - removed).min(RETENTION_SCAN_RECORDS).min(self.high_watermark.0 - new_start.0);
+            let sizes = log.sizes_from(new_start, wanted)?;
+            let short = (sizes.len() as u64) < wanted;
+            for (append_time_ms, size) in sizes {
+                let too_old = policy.max_age_ms.is_some_and(|age| append_time_ms.plus_ms(age) <= at);
+                let too_big = policy.max_bytes.is_some_and(|max| bytes > max);
+                if !too_old && !too_big {
+                    break 'scan;
+                }
+                bytes -= size;
+                new_start = new_start.next();
+                removed += 1;
+            }
+            if short {
                 break;
             }
-            bytes -= stored.record.size_bytes();
-            new_start = new_start.next();
-            removed += 1;
         }
         if removed > 0 {
             log.remove_before(new_start)?;
