@@ -580,21 +580,44 @@ mod tests {
     use crate::storage::crash_disk::CrashDisk;
     use crate::storage::{GroupStateMachine, LogStore, NodeStore};
 
+    const GROUP: &str = "p/t/0";
+
+    /// A store with one partition group's log and state machine.
+    fn partition() -> (std::sync::Arc<NodeStore>, LogStore, GroupStateMachine) {
+        let store = NodeStore::open_with_backend(CrashDisk::new()).unwrap();
+        let log = LogStore::new(store.clone(), GROUP.to_string());
+        let state_machine = GroupStateMachine::open(
+            store.clone(),
+            GROUP.to_string(),
+            GroupStateMachine::initial_partition(Limits::default()),
+        )
+        .unwrap();
+        (store, log, state_machine)
+    }
+
+    /// Append `command`, stamped `at`, as log entry `index` (term 1), and
+    /// apply it.
+    async fn append_and_apply(
+        log: &mut LogStore,
+        state_machine: &mut GroupStateMachine,
+        index: u64,
+        at: TimestampMs,
+        command: PartitionCommand,
+    ) {
+        let request = Request::new(at, Command::Partition(command));
+        let entry: Entry<TypeConfig> =
+            Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), index), payload: EntryPayload::Normal(request) };
+        log.blocking_append(vec![entry.clone()]).await.unwrap();
+        state_machine.apply(vec![entry]).await.unwrap();
+    }
+
     /// An entry of one-record produce requests (as a leader coalesces them)
     /// is indexed by one run, not one per request, up to a request that is
     /// not appended (here a producer's retry, answered as a duplicate); its
     /// records read back in order across the batches.
     #[tokio::test]
     async fn one_record_requests_of_an_entry_share_a_run_until_one_is_left_out() {
-        const GROUP: &str = "p/t/0";
-        let store = NodeStore::open_with_backend(CrashDisk::new()).unwrap();
-        let mut log = LogStore::new(store.clone(), GROUP.to_string());
-        let mut state_machine = GroupStateMachine::open(
-            store.clone(),
-            GROUP.to_string(),
-            GroupStateMachine::initial_partition(Limits::default()),
-        )
-        .unwrap();
+        let (store, mut log, mut state_machine) = partition();
         let producer = ProducerBatch { producer: ProducerId(7), sequence: Sequence(0) };
         let batches = (0..8)
             .map(|b| AppendBatch {
@@ -602,11 +625,8 @@ mod tests {
                 records: vec![Record::from_value(format!("b{b}").into_bytes())],
             })
             .collect();
-        let request = Request::new(TimestampMs(5), Command::Partition(PartitionCommand::AppendBatches { batches }));
-        let entry: Entry<TypeConfig> =
-            Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), 1), payload: EntryPayload::Normal(request) };
-        log.blocking_append(vec![entry.clone()]).await.unwrap();
-        state_machine.apply(vec![entry]).await.unwrap();
+        let command = PartitionCommand::AppendBatches { batches };
+        append_and_apply(&mut log, &mut state_machine, 1, TimestampMs(5), command).await;
 
         let runs: Vec<(u64, Run)> = store
             .read(|txn| {
@@ -643,15 +663,7 @@ mod tests {
     /// record would.
     #[tokio::test]
     async fn sizes_read_by_run_are_those_of_each_record() {
-        const GROUP: &str = "p/t/0";
-        let store = NodeStore::open_with_backend(CrashDisk::new()).unwrap();
-        let mut log = LogStore::new(store.clone(), GROUP.to_string());
-        let mut state_machine = GroupStateMachine::open(
-            store.clone(),
-            GROUP.to_string(),
-            GroupStateMachine::initial_partition(Limits::default()),
-        )
-        .unwrap();
+        let (_store, mut log, mut state_machine) = partition();
         let producer = |sequence| Some(ProducerBatch { producer: ProducerId(7), sequence: Sequence(sequence) });
         let mut sequence = 0;
         for index in 1..=3u64 {
@@ -671,14 +683,8 @@ mod tests {
                     }
                 })
                 .collect();
-            let request =
-                Request::new(TimestampMs(index), Command::Partition(PartitionCommand::AppendBatches { batches }));
-            let entry: Entry<TypeConfig> = Entry {
-                log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
-                payload: EntryPayload::Normal(request),
-            };
-            log.blocking_append(vec![entry.clone()]).await.unwrap();
-            state_machine.apply(vec![entry]).await.unwrap();
+            let command = PartitionCommand::AppendBatches { batches };
+            append_and_apply(&mut log, &mut state_machine, index, TimestampMs(index), command).await;
         }
         let (stored, checked) = state_machine
             .with_records(|state, reader| {
@@ -719,11 +725,8 @@ mod tests {
             expected_start += 1;
         }
         let policy = RetentionPolicy { max_age_ms: None, max_bytes: Some(max) };
-        let request = Request::new(TimestampMs(9), Command::Partition(PartitionCommand::ApplyRetention { policy }));
-        let entry: Entry<TypeConfig> =
-            Entry { log_id: LogId::new(CommittedLeaderId::new(1, 1), 4), payload: EntryPayload::Normal(request) };
-        log.blocking_append(vec![entry.clone()]).await.unwrap();
-        state_machine.apply(vec![entry]).await.unwrap();
+        let command = PartitionCommand::ApplyRetention { policy };
+        append_and_apply(&mut log, &mut state_machine, 4, TimestampMs(9), command).await;
         let (log_start, log_bytes) =
             state_machine.with_records(|state, _| (state.log_start().0, state.log_bytes())).unwrap().unwrap();
         assert_eq!((log_start, log_bytes), (expected_start, bytes));
