@@ -201,66 +201,74 @@ impl EntryCache {
     }
 }
 
-/// What [`RecordLog::sizes_from`] answers, run by run: `run_at` finds the
-/// run holding an offset (one index lookup per run, not per record).
-#[allow(clippy::too_many_arguments)]
-fn sizes_from(
-    run_at: impl Fn(Offset) -> Result<Option<(Offset, Run)>, StoreError>,
-    copies: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
-    log: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
-    segments: &SegmentReader,
-    cache: &mut EntryCache,
-    group: &str,
-    offset: Offset,
-    max: u64,
-) -> Result<Vec<(TimestampMs, u64)>, StoreError> {
-    let mut sizes = Vec::new();
-    let mut at = offset;
-    while (sizes.len() as u64) < max {
-        let Some((base, run)) = run_at(at)? else { break };
-        let skip = at.0 - base.0;
-        let take = (run.count() - skip).min(max - sizes.len() as u64);
-        match run {
-            Run::InLog { log_index, batch, first, append_time_ms, .. } => {
-                // Within the run: `skip < count`, which fits a batch.
-                let position = first + skip as u32;
-                cache.sizes(log, segments, group, log_index, (batch, position, take), append_time_ms, &mut sizes)?;
-            }
-            Run::Copied { .. } => {
-                for copied in at.0..at.0 + take {
-                    let Some(value) = copies.get((group, copied))? else { return Ok(sizes) };
-                    let stored: StoredRecord = decode(value.value())?;
-                    sizes.push((stored.append_time_ms, stored.record.size_bytes()));
-                }
-            }
-        }
-        at = Offset(at.0 + take);
-    }
-    Ok(sizes)
+/// The run holding an offset, with its base offset, if any.
+type RunAt = Result<Option<(Offset, Run)>, StoreError>;
+
+/// Where a partition's records are read from: the run index (`run_at`
+/// finds the run holding an offset), records copied from a snapshot, and
+/// the log entries that runs point into.
+struct Stored<'a, R, C, L> {
+    run_at: R,
+    copies: &'a C,
+    log: &'a L,
+    segments: &'a SegmentReader,
+    group: &'a str,
 }
 
-/// The record at `offset`, found through the run index.
-fn stored_record(
-    runs: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
-    copies: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
-    log: &impl ReadableTable<(&'static str, u64), &'static [u8]>,
-    segments: &SegmentReader,
-    cache: &mut EntryCache,
-    group: &str,
-    offset: Offset,
-) -> Result<Option<StoredRecord>, StoreError> {
-    match run_at(runs, group, offset)? {
-        None => Ok(None),
-        Some((base, Run::InLog { log_index, batch, first, append_time_ms, .. })) => {
-            // Within the run: `offset - base < count`, which fits a batch.
-            let position = first + (offset.0 - base.0) as u32;
-            let record = cache.record(log, segments, group, log_index, batch, position)?;
-            Ok(Some(StoredRecord { offset, append_time_ms, record }))
+impl<R, C, L> Stored<'_, R, C, L>
+where
+    R: Fn(Offset) -> RunAt,
+    C: ReadableTable<(&'static str, u64), &'static [u8]>,
+    L: ReadableTable<(&'static str, u64), &'static [u8]>,
+{
+    /// The record at `offset`.
+    fn record(&self, cache: &mut EntryCache, offset: Offset) -> Result<Option<StoredRecord>, StoreError> {
+        match (self.run_at)(offset)? {
+            None => Ok(None),
+            Some((base, Run::InLog { log_index, batch, first, append_time_ms, .. })) => {
+                // Within the run: `offset - base < count`, which fits a batch.
+                let position = first + (offset.0 - base.0) as u32;
+                let record = cache.record(self.log, self.segments, self.group, log_index, batch, position)?;
+                Ok(Some(StoredRecord { offset, append_time_ms, record }))
+            }
+            Some((_, Run::Copied { .. })) => {
+                let value = self.copies.get((self.group, offset.0))?;
+                value.map(|v| decode(v.value())).transpose()
+            }
         }
-        Some((_, Run::Copied { .. })) => {
-            let value = copies.get((group, offset.0))?;
-            value.map(|v| decode(v.value())).transpose()
+    }
+
+    /// What [`RecordLog::sizes_from`] answers, run by run: one index
+    /// lookup per run, not per record, and no record copied.
+    fn sizes_from(
+        &self,
+        cache: &mut EntryCache,
+        offset: Offset,
+        max: u64,
+    ) -> Result<Vec<(TimestampMs, u64)>, StoreError> {
+        let mut sizes = Vec::new();
+        let mut at = offset;
+        while (sizes.len() as u64) < max {
+            let Some((base, run)) = (self.run_at)(at)? else { break };
+            let skip = at.0 - base.0;
+            let take = (run.count() - skip).min(max - sizes.len() as u64);
+            match run {
+                Run::InLog { log_index, batch, first, append_time_ms, .. } => {
+                    // Within the run: `skip < count`, which fits a batch.
+                    let place = (batch, first + skip as u32, take);
+                    cache.sizes(self.log, self.segments, self.group, log_index, place, append_time_ms, &mut sizes)?;
+                }
+                Run::Copied { .. } => {
+                    for copied in at.0..at.0 + take {
+                        let Some(value) = self.copies.get((self.group, copied))? else { return Ok(sizes) };
+                        let stored: StoredRecord = decode(value.value())?;
+                        sizes.push((stored.append_time_ms, stored.record.size_bytes()));
+                    }
+                }
+            }
+            at = Offset(at.0 + take);
         }
+        Ok(sizes)
     }
 }
 
@@ -349,6 +357,17 @@ impl<'a, 'txn> RecordWriter<'a, 'txn> {
         self.flush()
     }
 
+    /// Where this partition's records are read from, given `copies` and
+    /// `log` open in the writer's transaction: the run not yet written to
+    /// the index counts as if it were.
+    fn stored<'s, C, L>(&'s self, copies: &'s C, log: &'s L) -> Stored<'s, impl Fn(Offset) -> RunAt + 's, C, L> {
+        let run_at = move |at: Offset| match self.pending {
+            Some((base, run)) if at >= base && at.0 - base.0 < run.count() => Ok(Some((base, run))),
+            _ => run_at(&self.runs, self.group, at),
+        };
+        Stored { run_at, copies, log, segments: &self.segments, group: self.group }
+    }
+
     fn flush(&mut self) -> Result<(), StoreError> {
         if let Some((base, run)) = self.pending.take() {
             self.runs.insert((self.group, base.0), postcard::to_stdvec(&run)?.as_slice())?;
@@ -395,28 +414,15 @@ impl RecordLog for RecordWriter<'_, '_> {
     }
 
     fn get(&self, offset: Offset) -> Result<Option<StoredRecord>, StoreError> {
-        let mut cache = self.cache.borrow_mut();
-        if let Some((base, Run::InLog { log_index, batch, first, count, append_time_ms })) = self.pending {
-            if offset >= base && offset.0 - base.0 < count {
-                let position = first + (offset.0 - base.0) as u32;
-                let log = self.txn.open_table(LOG)?;
-                let record = cache.record(&log, &self.segments, self.group, log_index, batch, position)?;
-                return Ok(Some(StoredRecord { offset, append_time_ms, record }));
-            }
-        }
         let (copies, log) = (self.txn.open_table(RECORDS)?, self.txn.open_table(LOG)?);
-        stored_record(&self.runs, &copies, &log, &self.segments, &mut cache, self.group, offset)
+        let found = self.stored(&copies, &log).record(&mut self.cache.borrow_mut(), offset);
+        found
     }
 
     fn sizes_from(&self, offset: Offset, max: u64) -> Result<Vec<(TimestampMs, u64)>, StoreError> {
-        let mut cache = self.cache.borrow_mut();
         let (copies, log) = (self.txn.open_table(RECORDS)?, self.txn.open_table(LOG)?);
-        // The run not yet written to the index first, as `get` does.
-        let run_at = |at: Offset| match self.pending {
-            Some((base, run)) if at >= base && at.0 - base.0 < run.count() => Ok(Some((base, run))),
-            _ => run_at(&self.runs, self.group, at),
-        };
-        sizes_from(run_at, &copies, &log, &self.segments, &mut cache, self.group, offset, max)
+        let found = self.stored(&copies, &log).sizes_from(&mut self.cache.borrow_mut(), offset, max);
+        found
     }
 
     fn remove_before(&mut self, offset: Offset) -> Result<(), StoreError> {
@@ -484,6 +490,12 @@ impl<'a> RecordReader<'a> {
             cache: RefCell::default(),
         })
     }
+
+    /// Where this partition's records are read from.
+    fn stored(&self) -> Stored<'_, impl Fn(Offset) -> RunAt + '_, ReadOnlyKeyed, ReadOnlyKeyed> {
+        let run_at = |at: Offset| run_at(&self.runs, self.group, at);
+        Stored { run_at, copies: &self.copies, log: &self.log, segments: &self.segments, group: self.group }
+    }
 }
 
 impl RecordLog for RecordReader<'_> {
@@ -494,14 +506,11 @@ impl RecordLog for RecordReader<'_> {
     }
 
     fn get(&self, offset: Offset) -> Result<Option<StoredRecord>, StoreError> {
-        let mut cache = self.cache.borrow_mut();
-        stored_record(&self.runs, &self.copies, &self.log, &self.segments, &mut cache, self.group, offset)
+        self.stored().record(&mut self.cache.borrow_mut(), offset)
     }
 
     fn sizes_from(&self, offset: Offset, max: u64) -> Result<Vec<(TimestampMs, u64)>, StoreError> {
-        let mut cache = self.cache.borrow_mut();
-        let run_at = |at: Offset| run_at(&self.runs, self.group, at);
-        sizes_from(run_at, &self.copies, &self.log, &self.segments, &mut cache, self.group, offset, max)
+        self.stored().sizes_from(&mut self.cache.borrow_mut(), offset, max)
     }
 
     fn remove_before(&mut self, _offset: Offset) -> Result<(), StoreError> {
