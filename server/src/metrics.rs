@@ -177,6 +177,7 @@ pub struct Metrics {
     log_compacted_bytes: Counter,
     log_spare_segments: Gauge,
     log_recycled_segments: Counter,
+    log_side_applies: Counter,
 }
 
 /// The standard `process_*` metrics of Prometheus's client libraries, read
@@ -306,6 +307,7 @@ impl Metrics {
             log_compacted_bytes: Counter::default(),
             log_spare_segments: Gauge::default(),
             log_recycled_segments: Counter::default(),
+            log_side_applies: Counter::default(),
             registry: Registry::default(),
             node_registry: Registry::default(),
         };
@@ -493,6 +495,11 @@ impl Metrics {
             "Segments made from spares (written over, not newly allocated) since the broker started",
             metrics.log_recycled_segments.clone(),
         );
+        registry.register(
+            "log_side_applies",
+            "Raft applies committed on their own beside the storage writer, rather than queued behind its fsync",
+            metrics.log_side_applies.clone(),
+        );
         metrics.process.register(&mut root);
         root
     }
@@ -597,6 +604,7 @@ impl Metrics {
         self.log_compacted_bytes.inc_by(usage.compacted_bytes.saturating_sub(self.log_compacted_bytes.get()));
         self.log_spare_segments.set(usage.spare_segments as i64);
         self.log_recycled_segments.inc_by(usage.recycled_segments.saturating_sub(self.log_recycled_segments.get()));
+        self.log_side_applies.inc_by(usage.side_applies.saturating_sub(self.log_side_applies.get()));
         let quiet = node.quiet_counts();
         self.raft_quiet_groups.get_or_create(&RoleLabels { role: "leader" }).set(quiet.led as i64);
         self.raft_quiet_groups.get_or_create(&RoleLabels { role: "follower" }).set(quiet.followed as i64);

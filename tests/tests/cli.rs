@@ -409,6 +409,7 @@ fn metrics_speak_prometheus_text_or_openmetrics_with_canonical_codes_and_build_i
     assert!(keel_tests::sample(&text, "keel_log_compacted_bytes_total") >= 0.0, "{text}");
     assert!(keel_tests::sample(&text, "keel_log_spare_segments") >= 0.0, "{text}");
     assert!(keel_tests::sample(&text, "keel_log_recycled_segments_total") >= 0.0, "{text}");
+    assert!(keel_tests::sample(&text, "keel_log_side_applies_total") >= 0.0, "{text}");
     // The process's own figures, under the standard unprefixed names.
     // A broker a second old may not have used a clock tick of CPU yet.
     assert!(keel_tests::sample(&text, "process_cpu_seconds_total") >= 0.0, "{text}");

@@ -226,10 +226,12 @@ impl GroupStateMachine {
     async fn apply_entries(&self, entries: Vec<Entry<TypeConfig>>) -> Result<Vec<Response>, StoreError> {
         let (group, state, last_applied) = (self.group.clone(), self.working.clone(), self.last_applied.clone());
         let segments = self.store.segments().clone();
-        // Runs in the node writer's transaction; not synced (the log replays it).
+        let last = entries.last().map(|entry| entry.log_id.index);
+        // Runs in a transaction that is not synced (the log replays it): the
+        // writer's, or its own while the writer syncs.
         let (responses, committed) = self
             .store
-            .write(false, move |txn| {
+            .write_soon(last.map(|last| (self.group.as_str(), last)), move |txn| {
                 let group = group.as_str();
                 let mut state = state.lock().expect("group state");
                 let mut log = match &*state {
