@@ -227,8 +227,8 @@ impl GroupStateMachine {
         let (group, state, last_applied) = (self.group.clone(), self.working.clone(), self.last_applied.clone());
         let segments = self.store.segments().clone();
         let last = entries.last().map(|entry| entry.log_id.index);
-        // Runs in a transaction that is not synced (the log replays it): the
-        // writer's, or its own while the writer syncs.
+        // Runs in a transaction that is not synced (the log replays it): its
+        // own beside the writer when the writer lets it, else the writer's.
         let (responses, committed) = self
             .store
             .write_soon(last.map(|last| (self.group.as_str(), last)), move |txn| {

@@ -559,9 +559,9 @@ impl NodeStore {
     /// Run `write` in a transaction that is not durable: at once on the
     /// calling thread if the writer lets it ([`SideWrites`]) and `applies`
     /// (the group and the last entry applied) has its `LOG` row committed,
-    /// else in the writer's next transaction. For applies: queued, each
-    /// waited for the writer's next fsync, so at 256 produces in flight
-    /// every produce waited about three syncs of the leader.
+    /// else in the writer's next transaction. For applies: queued, an apply
+    /// waited for whatever the writer did first, mostly the fsync of the
+    /// next entries (see [`SideWrites`]).
     pub(crate) async fn write_soon<T: Send + 'static>(
         &self,
         applies: Option<(&str, u64)>,
